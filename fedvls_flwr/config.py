@@ -1,0 +1,207 @@
+"""Run configuration: every setting of an experiment, typed and validated once.
+
+The Flower run config (``[tool.flwr.app.config]`` plus ``--run-config`` overrides)
+arrives as a flat dict of kebab-case keys. :func:`parse_run_config` turns it into a
+frozen :class:`RunConfig` or raises :class:`ConfigError` naming the key, the value and
+what is allowed - before Ray, a SuperLink or a dataset spends any time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+METHODS = ("fedavg", "fedlc", "fedntd", "fedvls", "fedvls-paper")
+DATASETS = ("digits", "mnist", "mnist10k", "cifar10", "cifar100", "tinyimagenet")
+PARTITIONS = ("dirichlet", "shards", "iid")
+MODELS = ("auto", "mlp", "logreg", "mobilenetv2", "resnet18", "resnet18-imagenet", "resnet32")
+DEVICES = ("auto", "cpu", "cuda")
+TEACHER_MODES = ("eval", "train")
+FEDLC_FORMS = ("standard", "paper")
+
+
+class ConfigError(ValueError):
+    """A run-config value that cannot work; the message says which and how to fix it."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """All run settings. Field ``foo_bar`` is run-config key ``foo-bar``."""
+
+    # experiment
+    method: str = "fedvls"
+    dataset: str = "digits"
+    data_dir: str = "~/fedvls-data"
+    download: bool = False
+    partition: str = "dirichlet"
+    dirichlet_beta: float = 0.05
+    shards_per_client: int = 2
+    min_partition_size: int = 10
+    seed: int = 0
+    model: str = "auto"
+    # federation
+    num_server_rounds: int = 30
+    fraction_train: float = 1.0
+    min_nodes: int = 2
+    round_timeout: float = 3600.0
+    # local training
+    local_epochs: int = 5
+    batch_size: int = 64
+    lr: float = 0.01
+    momentum: float = 0.9
+    weight_decay: float = 1e-5
+    device: str = "auto"
+    torch_threads: int = 1
+    eval_batch_size: int = 1024
+    # objectives
+    lambda_dis: float = 0.1
+    logit_weight: float = 0.005
+    paper_logit_weight: float = 1.0
+    use_dis: bool = True
+    use_logit: bool = True
+    fedlc_tau: float = 0.5
+    fedlc_form: str = "standard"
+    fedntd_beta: float = 1.0
+    fedntd_tau: float = 1.0
+    teacher_mode: str = "eval"
+    # results
+    output_dir: str = "~/fedvls-runs"
+    run_name: str = ""
+
+    # ---- derived views -------------------------------------------------
+    def to_flower(self) -> dict[str, Any]:
+        """The config as kebab-case keys with plain values (for ConfigRecord / JSON)."""
+        return {f.name.replace("_", "-"): getattr(self, f.name) for f in fields(self)}
+
+    def resolved_data_dir(self) -> Path:
+        return resolve_path(self.data_dir)
+
+    def resolved_output_dir(self) -> Path:
+        return resolve_path(self.output_dir)
+
+    def default_run_name(self) -> str:
+        skew = {
+            "dirichlet": f"dir{self.dirichlet_beta:g}",
+            "shards": f"shards{self.shards_per_client}",
+            "iid": "iid",
+        }[self.partition]
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        return f"{self.dataset}-{self.method}-{skew}-s{self.seed}-{stamp}"
+
+    def replace(self, **changes: Any) -> "RunConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def resolve_path(value: str) -> Path:
+    """Absolute paths as given; ``~`` expanded; relative paths against ``$FEDVLS_BASE_DIR``.
+
+    Flower starts the ServerApp and ClientApps in processes whose working directory is
+    the SuperLink's/SuperNode's, not the user's shell, so a bare relative path would land
+    somewhere surprising. ``$FEDVLS_BASE_DIR`` defaults to the home directory.
+    """
+    path = Path(os.path.expanduser(value))
+    if path.is_absolute():
+        return path
+    base = Path(os.path.expanduser(os.environ.get("FEDVLS_BASE_DIR", "~")))
+    return (base / path).resolve()
+
+
+_FIELD_TYPES = {f.name: f.type for f in fields(RunConfig)}
+
+
+def _coerce(key: str, field_name: str, value: Any, default: Any) -> Any:
+    expected = type(default)
+    if expected is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise ConfigError(f"run config '{key}' = {value!r}: expected true or false")
+    if expected is int:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+            raise ConfigError(f"run config '{key}' = {value!r}: expected an integer")
+        return int(value)
+    if expected is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"run config '{key}' = {value!r}: expected a number")
+        return float(value)
+    if not isinstance(value, str):
+        raise ConfigError(f"run config '{key}' = {value!r}: expected a string")
+    return value
+
+
+def _choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(
+            f"run config '{key}' = {value!r} is not allowed; choose one of: {', '.join(allowed)}"
+        )
+
+
+def _check(condition: bool, key: str, value: Any, rule: str) -> None:
+    if not condition:
+        raise ConfigError(f"run config '{key}' = {value!r}: must be {rule}")
+
+
+def parse_run_config(raw: dict[str, Any], *, strict: bool = True) -> RunConfig:
+    """Validate a Flower run config (kebab-case keys) into a :class:`RunConfig`.
+
+    ``strict`` rejects unknown keys (a typo such as ``lamda-dis`` would otherwise be
+    silently ignored); the per-round ConfigRecord adds ``server-round`` and is parsed
+    with ``strict=False``.
+    """
+    defaults = RunConfig()
+    values: dict[str, Any] = {}
+    known = {name.replace("_", "-"): name for name in _FIELD_TYPES}
+    for key, value in raw.items():
+        if key not in known:
+            if strict:
+                close = [k for k in known if k.replace("-", "") == key.replace("-", "").replace("_", "")]
+                hint = f" (did you mean '{close[0]}'?)" if close else ""
+                raise ConfigError(
+                    f"unknown run config key '{key}'{hint}; known keys: {', '.join(sorted(known))}"
+                )
+            continue
+        name = known[key]
+        values[name] = _coerce(key, name, value, getattr(defaults, name))
+    cfg = dataclasses.replace(defaults, **values)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: RunConfig) -> None:
+    """Range and choice checks that need no data and no Flower."""
+    _choice("method", cfg.method, METHODS)
+    _choice("dataset", cfg.dataset, DATASETS)
+    _choice("partition", cfg.partition, PARTITIONS)
+    _choice("model", cfg.model, MODELS)
+    _choice("device", cfg.device, DEVICES)
+    _choice("teacher-mode", cfg.teacher_mode, TEACHER_MODES)
+    _choice("fedlc-form", cfg.fedlc_form, FEDLC_FORMS)
+    _check(cfg.dirichlet_beta > 0, "dirichlet-beta", cfg.dirichlet_beta, "> 0 (e.g. 0.5, 0.1, 0.05)")
+    _check(cfg.shards_per_client >= 1, "shards-per-client", cfg.shards_per_client, ">= 1")
+    _check(cfg.min_partition_size >= 1, "min-partition-size", cfg.min_partition_size, ">= 1")
+    _check(cfg.num_server_rounds >= 1, "num-server-rounds", cfg.num_server_rounds, ">= 1")
+    _check(0 < cfg.fraction_train <= 1, "fraction-train", cfg.fraction_train, "in (0, 1]")
+    _check(cfg.min_nodes >= 1, "min-nodes", cfg.min_nodes, ">= 1")
+    _check(cfg.round_timeout > 0, "round-timeout", cfg.round_timeout, "> 0 seconds")
+    _check(cfg.local_epochs >= 1, "local-epochs", cfg.local_epochs, ">= 1")
+    _check(cfg.batch_size >= 1, "batch-size", cfg.batch_size, ">= 1")
+    _check(cfg.eval_batch_size >= 1, "eval-batch-size", cfg.eval_batch_size, ">= 1")
+    _check(cfg.lr > 0, "lr", cfg.lr, "> 0")
+    _check(0 <= cfg.momentum < 1, "momentum", cfg.momentum, "in [0, 1)")
+    _check(cfg.weight_decay >= 0, "weight-decay", cfg.weight_decay, ">= 0")
+    _check(cfg.torch_threads >= 0, "torch-threads", cfg.torch_threads, ">= 0 (0 keeps torch's default)")
+    _check(cfg.lambda_dis >= 0, "lambda-dis", cfg.lambda_dis, ">= 0")
+    _check(cfg.logit_weight >= 0, "logit-weight", cfg.logit_weight, ">= 0")
+    _check(cfg.paper_logit_weight >= 0, "paper-logit-weight", cfg.paper_logit_weight, ">= 0")
+    _check(cfg.fedlc_tau >= 0, "fedlc-tau", cfg.fedlc_tau, ">= 0")
+    _check(cfg.fedntd_beta >= 0, "fedntd-beta", cfg.fedntd_beta, ">= 0")
+    _check(cfg.fedntd_tau > 0, "fedntd-tau", cfg.fedntd_tau, "> 0")
+    _check(cfg.output_dir.strip() != "", "output-dir", cfg.output_dir, "a non-empty path")
+    if cfg.run_name:
+        _check("/" not in cfg.run_name and cfg.run_name not in (".", ".."),
+               "run-name", cfg.run_name, "a plain folder name (no '/')")

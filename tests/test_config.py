@@ -1,0 +1,68 @@
+"""Run-config parsing: defaults match pyproject, bad values fail with a precise message."""
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from fedvls_flwr.config import ConfigError, RunConfig, parse_run_config, resolve_path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pyproject_config() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+
+
+def test_pyproject_defaults_are_the_runconfig_defaults():
+    raw = pyproject_config()
+    assert raw == RunConfig().to_flower()
+    assert parse_run_config(raw) == RunConfig()
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ({"method": "fedprox"}, "'method' = 'fedprox' is not allowed; choose one of: fedavg, fedlc"),
+        ({"dataset": "imagenet"}, "'dataset' = 'imagenet' is not allowed"),
+        ({"partition": "label"}, "'partition' = 'label'"),
+        ({"dirichlet-beta": 0.0}, "'dirichlet-beta' = 0.0: must be > 0"),
+        ({"fraction-train": 0.0}, "'fraction-train' = 0.0: must be in (0, 1]"),
+        ({"fraction-train": 1.5}, "'fraction-train' = 1.5"),
+        ({"local-epochs": 0}, "'local-epochs' = 0: must be >= 1"),
+        ({"local-epochs": 1.5}, "'local-epochs' = 1.5: expected an integer"),
+        ({"lr": -0.1}, "'lr' = -0.1: must be > 0"),
+        ({"lr": "fast"}, "'lr' = 'fast': expected a number"),
+        ({"momentum": 1.0}, "'momentum' = 1.0"),
+        ({"use-dis": "maybe"}, "'use-dis' = 'maybe': expected true or false"),
+        ({"teacher-mode": "frozen"}, "'teacher-mode' = 'frozen'"),
+        ({"fedntd-tau": 0}, "'fedntd-tau' = 0"),
+        ({"run-name": "a/b"}, "'run-name' = 'a/b'"),
+        ({"lamda-dis": 0.1}, "unknown run config key 'lamda-dis'"),
+        ({"lambda_dis": 0.1}, "did you mean 'lambda-dis'"),
+    ],
+)
+def test_invalid_values_name_key_value_and_rule(override, fragment):
+    with pytest.raises(ConfigError) as err:
+        parse_run_config({**pyproject_config(), **override})
+    assert fragment in str(err.value)
+
+
+def test_round_config_with_extra_keys_parses_non_strict():
+    raw = {**RunConfig(method="fedntd").to_flower(), "server-round": 3}
+    assert parse_run_config(raw, strict=False).method == "fedntd"
+    with pytest.raises(ConfigError):
+        parse_run_config(raw)
+
+
+def test_ints_are_accepted_for_floats_and_strings_for_bools():
+    cfg = parse_run_config({"lr": 1, "use-logit": "false"})
+    assert cfg.lr == 1.0 and isinstance(cfg.lr, float) and cfg.use_logit is False
+
+
+def test_paths(tmp_path, monkeypatch):
+    assert resolve_path(str(tmp_path)) == tmp_path
+    monkeypatch.setenv("FEDVLS_BASE_DIR", str(tmp_path))
+    assert resolve_path("runs") == tmp_path / "runs"
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert resolve_path("~/x") == tmp_path / "home" / "x"
