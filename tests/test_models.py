@@ -1,0 +1,177 @@
+"""Model zoo: shapes, documented parameter counts, trainability, factory errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from fedvls_flwr.models import MODELS, build_model, count_parameters, default_model
+
+CONV = ("mobilenetv2", "resnet18", "resnet18-imagenet", "resnet32")
+
+# The numbers documented in the fedvls_flwr.models docstring.
+PARAMS = {
+    ("mlp", (1, 28, 28), 10): 199_210,
+    ("mlp", (1, 28, 28), 100): 217_300,
+    ("mlp", (1, 8, 8), 10): 55_210,
+    ("logreg", (60,), 10): 610,
+    ("mobilenetv2", (3, 32, 32), 10): 2_296_922,
+    ("mobilenetv2", (3, 32, 32), 100): 2_412_212,
+    ("resnet18", (3, 32, 32), 10): 11_173_962,
+    ("resnet18", (3, 32, 32), 100): 11_220_132,
+    ("resnet18-imagenet", (3, 32, 32), 10): 11_181_642,
+    ("resnet18-imagenet", (3, 32, 32), 100): 11_227_812,
+    ("resnet32", (3, 32, 32), 10): 464_154,
+    ("resnet32", (3, 32, 32), 100): 470_004,
+}
+
+
+@pytest.fixture(autouse=True)
+def _threads():
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(old)
+
+
+def test_models_tuple_is_complete():
+    assert set(MODELS) == {"mlp", "logreg", "mobilenetv2", "resnet18", "resnet18-imagenet", "resnet32"}
+
+
+@pytest.mark.parametrize("key", sorted(PARAMS, key=str))
+def test_parameter_counts_match_docstring(key):
+    name, shape, c = key
+    assert count_parameters(build_model(name, shape, c)) == PARAMS[key]
+
+
+def test_parameter_count_documented_in_module_docstring():
+    import fedvls_flwr.models as m
+
+    for value in (199_210, 2_296_922, 2_412_212, 11_173_962, 11_220_132, 11_181_642, 464_154, 470_004):
+        assert f"{value:,}" in m.__doc__
+
+
+def test_count_parameters_ignores_frozen():
+    model = build_model("logreg", (60,), 10)
+    model[1].bias.requires_grad_(False)
+    assert count_parameters(model) == 600
+
+
+@pytest.mark.parametrize(
+    "name,shape,c",
+    [("mlp", (1, 28, 28), 10), ("mlp", (1, 8, 8), 10), ("mlp", (3, 32, 32), 100), ("logreg", (60,), 10)],
+)
+def test_dense_output_shape(name, shape, c):
+    model = build_model(name, shape, c)
+    assert model(torch.randn(5, *shape)).shape == (5, c)
+
+
+def test_mlp_structure():
+    model = build_model("mlp", (1, 28, 28), 10)
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    assert [(m.in_features, m.out_features) for m in linears] == [(784, 200), (200, 200), (200, 10)]
+    assert sum(isinstance(m, nn.ReLU) for m in model.modules()) == 2
+
+
+@pytest.mark.parametrize("name", CONV)
+@pytest.mark.parametrize("size,c", [(32, 10), (64, 200)])
+def test_conv_output_shape(name, size, c):
+    model = build_model(name, (3, size, size), c)
+    model.eval()
+    with torch.no_grad():
+        out = model(torch.randn(2, 3, size, size))
+    assert out.shape == (2, c)
+    assert torch.isfinite(out).all()
+
+
+def test_mobilenetv2_layout():
+    model = build_model("mobilenetv2", (3, 32, 32), 10)
+    convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+    stem = convs[0]
+    assert stem.kernel_size == (3, 3) and stem.stride == (1, 1) and stem.out_channels == 32
+    assert convs[-1].out_channels == 1280 and convs[-1].kernel_size == (1, 1)
+    assert model.fc.in_features == 1280
+    # Feature map before pooling: 4x4 for 32x32 inputs (three stride-2 stages).
+    feats = model.head_conv(model.blocks(model.stem(torch.randn(1, 3, 32, 32))))
+    assert feats.shape == (1, 1280, 4, 4)
+
+
+def test_resnet18_cifar_layout():
+    model = build_model("resnet18", (3, 32, 32), 10)
+    stem = model.stem[0]
+    assert stem.kernel_size == (3, 3) and stem.stride == (1, 1)
+    assert not any(isinstance(m, nn.MaxPool2d) for m in model.modules())
+    assert [len(s) for s in model.stages] == [2, 2, 2, 2]
+    assert model.fc.in_features == 512
+    imagenet = build_model("resnet18-imagenet", (3, 32, 32), 10)
+    assert imagenet.conv1.kernel_size == (7, 7)
+    assert any(isinstance(m, nn.MaxPool2d) for m in imagenet.modules())
+
+
+def test_resnet32_layout():
+    model = build_model("resnet32", (3, 32, 32), 10)
+    assert [len(s) for s in model.stages] == [5, 5, 5]
+    convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+    assert len(convs) == 31  # + the linear head = 32 weighted layers
+    assert model.fc.in_features == 64
+
+
+@pytest.mark.parametrize(
+    "name,shape",
+    [("mlp", (1, 28, 28)), ("logreg", (60,))] + [(n, (3, 32, 32)) for n in CONV],
+)
+def test_sgd_steps_lower_the_loss(name, shape):
+    torch.manual_seed(0)
+    model = build_model(name, shape, 10)
+    model.train()
+    x = torch.randn(8, *shape)
+    y = torch.arange(8) % 10
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    losses = []
+    for _ in range(5):
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    model.train()
+    with torch.no_grad():
+        final = nn.functional.cross_entropy(model(x), y).item()
+    assert final < losses[0]
+
+
+def test_unknown_model_lists_choices():
+    with pytest.raises(ValueError) as err:
+        build_model("vgg16", (3, 32, 32), 10)
+    for name in MODELS:
+        assert name in str(err.value)
+    with pytest.raises(ValueError):
+        build_model("auto", (3, 32, 32), 10)
+
+
+def test_conv_model_needs_image_shape():
+    with pytest.raises(ValueError):
+        build_model("resnet32", (60,), 10)
+
+
+@pytest.mark.parametrize(
+    "dataset,expected",
+    [
+        ("digits", "mlp"),
+        ("mnist", "mlp"),
+        ("mnist10k", "mlp"),
+        ("cifar10", "mobilenetv2"),
+        ("cifar100", "mobilenetv2"),
+        ("tinyimagenet", "mobilenetv2"),
+        ("synthetic", "logreg"),
+    ],
+)
+def test_default_model(dataset, expected):
+    assert default_model(dataset) == expected
+    assert default_model(dataset) in MODELS
+
+
+def test_default_model_unknown_dataset():
+    with pytest.raises(ValueError):
+        default_model("imagenet")
