@@ -1,0 +1,49 @@
+"""The client's side of a round: received weights + config in, trained weights + metrics out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, MetricRecord, RecordDict
+
+from .config import parse_run_config
+from .models import build_model, default_model
+from .node_data import client_data, node_partition
+from .strategy import ARRAYS_KEY, CONFIG_KEY, METRICS_KEY
+from .training import resolve_device, train_local
+
+
+def model_name(cfg) -> str:
+    return default_model(cfg.dataset) if cfg.model == "auto" else cfg.model
+
+
+def train_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDict:
+    config = dict(content[CONFIG_KEY])
+    cfg = parse_run_config(config, strict=False)
+    server_round = int(config.get("server-round", 0))
+    partition_id, num_partitions = node_partition(node_config)
+    if cfg.torch_threads > 0:
+        torch.set_num_threads(cfg.torch_threads)
+    device = resolve_device(cfg.device)
+
+    data = client_data(cfg, partition_id, num_partitions)
+    model = build_model(model_name(cfg), tuple(data.x.shape[1:]), data.num_classes)
+    model.load_state_dict(content[ARRAYS_KEY].to_torch_state_dict(), strict=True)
+
+    # Batch order depends on (seed, round, partition) only: reproducible on any node.
+    seed = int(np.random.SeedSequence([cfg.seed, server_round, partition_id]).generate_state(1)[0])
+    generator = torch.Generator().manual_seed(seed)
+    result = train_local(
+        model, data.x, data.y, data.num_classes, cfg,
+        device=device, generator=generator, mean=data.mean, std=data.std,
+    )
+    metrics = {
+        "num-examples": result.num_examples,
+        "train-loss": result.loss,
+        "num-vacant": result.num_vacant,
+        **{f"train-{name}": value for name, value in result.terms.items()},
+    }
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    return RecordDict({ARRAYS_KEY: ArrayRecord(state), METRICS_KEY: MetricRecord(metrics)})

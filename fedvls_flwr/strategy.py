@@ -1,0 +1,169 @@
+"""The server strategy: broadcast, seeded sampling, checked sample-weighted aggregation.
+
+A subclass of Flower's Message-API ``FedAvg``. It keeps Flower's message plumbing and
+replaces what a research comparison needs to be exact about: which clients are sampled
+(seeded), what every client is told (the whole validated run config plus the round),
+which replies are trusted (layout and finiteness checked against the global model),
+and how they are averaged (float64, integer buffers kept integer).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from logging import INFO, WARNING
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+
+from .aggregation import Reply, average_metrics, check_reply, weighted_average
+from .config import RunConfig
+
+ARRAYS_KEY = "arrays"
+CONFIG_KEY = "config"
+METRICS_KEY = "metrics"
+
+
+def to_numpy_dict(record: ArrayRecord) -> dict[str, np.ndarray]:
+    return {key: arr.numpy() for key, arr in record.items()}
+
+
+def to_array_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
+    return ArrayRecord({key: Array(np.ascontiguousarray(value)) for key, value in arrays.items()})
+
+
+@dataclass
+class RoundReport:
+    """What happened to the clients of one round (written to rounds.jsonl)."""
+
+    server_round: int
+    sampled: int = 0
+    accepted: int = 0
+    failed: list[dict] = field(default_factory=list)    # client raised / no reply
+    rejected: list[dict] = field(default_factory=list)  # reply failed the checks
+    train_metrics: dict[str, float] = field(default_factory=dict)
+    num_examples: float = 0.0
+    seconds: float = 0.0
+
+
+class FedVLSStrategy(FedAvg):
+    """Sample-weighted FedAvg aggregation for every local objective (FedVLS included)."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        super().__init__(
+            fraction_train=cfg.fraction_train,
+            fraction_evaluate=0.0,  # the global model is evaluated on the server's test set
+            min_train_nodes=1,
+            min_available_nodes=cfg.min_nodes,
+            arrayrecord_key=ARRAYS_KEY,
+            configrecord_key=CONFIG_KEY,
+        )
+        self.cfg = cfg
+        self.report = RoundReport(0)
+
+    # ---- sampling and broadcast -------------------------------------------
+    def sample(self, node_ids: list[int], server_round: int) -> list[int]:
+        """A seeded sample of ``fraction-train`` of the nodes (at least one)."""
+        nodes = sorted(node_ids)
+        k = max(1, int(len(nodes) * self.cfg.fraction_train + 1e-9))
+        rng = random.Random(self.cfg.seed * 1_000_003 + server_round)
+        return sorted(rng.sample(nodes, k))
+
+    def round_config(self, server_round: int) -> ConfigRecord:
+        return ConfigRecord({**self.cfg.to_flower(), "server-round": server_round})
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        node_ids = self._wait_for_nodes(grid)
+        sampled = self.sample(node_ids, server_round)
+        self.report = RoundReport(server_round, sampled=len(sampled))
+        log(INFO, "round %d: training on %d of %d nodes", server_round, len(sampled), len(node_ids))
+        record = RecordDict({ARRAYS_KEY: arrays, CONFIG_KEY: self.round_config(server_round)})
+        return [
+            Message(content=record, message_type=MessageType.TRAIN, dst_node_id=node_id)
+            for node_id in sampled
+        ]
+
+    def _wait_for_nodes(self, grid: Grid) -> list[int]:
+        waited = 0.0
+        while len(node_ids := list(grid.get_node_ids())) < self.cfg.min_nodes:
+            if waited == 0 or waited % 30 == 0:
+                log(INFO, "waiting for nodes: %d connected, min-nodes = %d", len(node_ids), self.cfg.min_nodes)
+            time.sleep(1.0)
+            waited += 1.0
+        return node_ids
+
+    # ---- aggregation --------------------------------------------------------
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message], reference: dict[str, np.ndarray] | None = None
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Check each reply against ``reference`` (the broadcast weights) and average."""
+        accepted: list[Reply] = []
+        replies = list(replies)
+        for msg in replies:
+            node = str(msg.metadata.src_node_id)
+            if msg.has_error():
+                self.report.failed.append({"node": node, "reason": msg.error.reason})
+                log(WARNING, "round %d: node %s failed: %s", server_round, node, msg.error.reason)
+                continue
+            reply, reason = self._parse(node, msg.content)
+            if reply is not None and reference is not None:
+                reason = check_reply(reply, reference)
+            if reason is not None or reply is None:
+                self.report.rejected.append({"node": node, "reason": reason})
+                log(WARNING, "round %d: rejected the reply of node %s: %s", server_round, node, reason)
+                continue
+            accepted.append(reply)
+        missing = self.report.sampled - len(replies)
+        if missing > 0:
+            self.report.failed.extend({"node": "?", "reason": "no reply before round-timeout"} for _ in range(missing))
+        self.report.accepted = len(accepted)
+        if not accepted:
+            log(WARNING, "round %d: no usable reply; the global model is unchanged", server_round)
+            return None, None
+        ref = reference if reference is not None else accepted[0].arrays
+        arrays = weighted_average(accepted, ref)
+        metrics = average_metrics(accepted)
+        self.report.train_metrics = metrics
+        self.report.num_examples = float(sum(r.num_examples for r in accepted))
+        return to_array_record(arrays), MetricRecord(metrics)
+
+    @staticmethod
+    def _parse(node: str, content: RecordDict) -> tuple[Reply | None, str | None]:
+        if ARRAYS_KEY not in content.array_records or METRICS_KEY not in content.metric_records:
+            return None, f"reply lacks the '{ARRAYS_KEY}' ArrayRecord or the '{METRICS_KEY}' MetricRecord"
+        metrics = dict(content[METRICS_KEY])
+        if "num-examples" not in metrics:
+            return None, "reply metrics lack 'num-examples'"
+        num_examples = float(metrics.pop("num-examples"))
+        scalars = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+        return Reply(node, to_numpy_dict(content[ARRAYS_KEY]), num_examples, scalars), None
+
+    # ---- the round loop -------------------------------------------------------
+    def run(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        *,
+        on_round_end: Callable[[int, ArrayRecord, RoundReport], None],
+        start_round: int = 1,
+    ) -> ArrayRecord:
+        """Rounds ``start_round..num-server-rounds``: train, aggregate, hand to ``on_round_end``."""
+        arrays = initial_arrays
+        for server_round in range(start_round, self.cfg.num_server_rounds + 1):
+            t0 = time.perf_counter()
+            reference = to_numpy_dict(arrays)
+            messages = self.configure_train(server_round, arrays, ConfigRecord(), grid)
+            replies = grid.send_and_receive(messages=messages, timeout=self.cfg.round_timeout)
+            new_arrays, _ = self.aggregate_train(server_round, replies, reference)
+            if new_arrays is not None:
+                arrays = new_arrays
+            self.report.seconds = time.perf_counter() - t0
+            on_round_end(server_round, arrays, self.report)
+        return arrays

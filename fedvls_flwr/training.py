@@ -1,0 +1,196 @@
+"""Local training and evaluation loops: plain PyTorch on in-memory tensors.
+
+Batches are taken by index from tensors already on the training device (no DataLoader,
+no per-sample Python), loss sums stay on the device and are read once at the end, so a
+GPU is not synchronised every step.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from .augment import make_batch_transform
+from .config import RunConfig
+from .objectives import Objective, ObjectiveParams, build_objective
+
+
+class NonFiniteLossError(RuntimeError):
+    """Local training produced a NaN/inf loss; the update must not be sent."""
+
+
+def resolve_device(requested: str) -> torch.device:
+    if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise RuntimeError(
+                "device = 'cuda' was requested but torch sees no CUDA device here; "
+                "use device = 'auto' or 'cpu'"
+            )
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def objective_params(cfg: RunConfig) -> ObjectiveParams:
+    logit_weight = cfg.paper_logit_weight if cfg.method == "fedvls-paper" else cfg.logit_weight
+    return ObjectiveParams(
+        lambda_dis=cfg.lambda_dis,
+        logit_weight=logit_weight,
+        use_dis=cfg.use_dis,
+        use_logit=cfg.use_logit,
+        fedlc_tau=cfg.fedlc_tau,
+        fedlc_form=cfg.fedlc_form,
+        fedntd_beta=cfg.fedntd_beta,
+        fedntd_tau=cfg.fedntd_tau,
+    )
+
+
+@dataclass
+class TrainResult:
+    num_examples: int
+    loss: float
+    terms: dict[str, float] = field(default_factory=dict)
+    num_vacant: int = 0
+    steps: int = 0
+
+
+def make_teacher(model: nn.Module, mode: str) -> nn.Module:
+    """A frozen copy of the received global model (the distillation teacher)."""
+    teacher = copy.deepcopy(model)
+    teacher.train(mode == "train")
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    return teacher
+
+
+def train_local(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    num_classes: int,
+    cfg: RunConfig,
+    *,
+    device: torch.device,
+    generator: torch.Generator,
+    mean: tuple[float, ...] | None = None,
+    std: tuple[float, ...] | None = None,
+    augment: bool = False,
+) -> TrainResult:
+    """Train ``model`` (holding the global weights) in place with the configured objective.
+
+    ``x``/``y`` are the client's whole local data. ``generator`` (CPU) fixes the batch
+    order, so a run is reproducible from its seed.
+    """
+    model.to(device)
+    x = x.to(device, non_blocking=True)
+    y = y.to(device, non_blocking=True)
+    counts = torch.bincount(y, minlength=num_classes)
+    objective: Objective = build_objective(cfg.method, counts, objective_params(cfg))
+    transform = make_batch_transform(mean, std, train=True, augment=augment)
+
+    teacher_logits_all = None
+    teacher = None
+    if objective.needs_teacher:
+        teacher = make_teacher(model, cfg.teacher_mode)
+        if cfg.teacher_mode == "eval" and not augment:
+            # The teacher is frozen and (eval mode, no augmentation) deterministic per
+            # sample: its logits are the same every epoch, so compute them once.
+            teacher_logits_all = _predict_logits(teacher, x, transform, cfg.eval_batch_size)
+            teacher = None
+
+    # A fresh optimizer every round (momentum does not carry over), as the FedVLS code.
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+    )
+    model.train()
+    n = x.shape[0]
+    loss_sum = torch.zeros((), device=device)
+    term_sums = {name: torch.zeros((), device=device) for name in objective.term_names}
+    steps = 0
+    for _ in range(cfg.local_epochs):
+        order = torch.randperm(n, generator=generator).to(device)
+        for start in range(0, n, cfg.batch_size):
+            idx = order[start : start + cfg.batch_size]
+            xb = transform(x[idx])
+            yb = y[idx]
+            logits = model(xb)
+            if teacher_logits_all is not None:
+                teacher_logits = teacher_logits_all[idx]
+            elif teacher is not None:
+                with torch.no_grad():
+                    teacher_logits = teacher(xb)
+            else:
+                teacher_logits = None
+            loss, terms = objective(logits, yb, teacher_logits)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            bs = yb.shape[0]
+            loss_sum += loss.detach() * bs
+            for name, value in terms.items():
+                term_sums[name] += value.detach() * bs
+            steps += 1
+        if not torch.isfinite(loss_sum):
+            raise NonFiniteLossError(
+                f"local loss became non-finite with method '{cfg.method}' "
+                f"(lr={cfg.lr}); the update was not sent"
+            )
+    seen = n * cfg.local_epochs
+    return TrainResult(
+        num_examples=n,
+        loss=float(loss_sum) / seen,
+        terms={name: float(v) / seen for name, v in term_sums.items()},
+        num_vacant=int((counts == 0).sum()),
+        steps=steps,
+    )
+
+
+@torch.no_grad()
+def _predict_logits(model: nn.Module, x: torch.Tensor, transform, batch_size: int) -> torch.Tensor:
+    return torch.cat([model(transform(x[i : i + batch_size])) for i in range(0, x.shape[0], batch_size)])
+
+
+@dataclass
+class EvalResult:
+    accuracy: float
+    loss: float
+    per_class_accuracy: list[float]
+    num_examples: int
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    num_classes: int,
+    *,
+    device: torch.device,
+    batch_size: int = 1024,
+    mean: tuple[float, ...] | None = None,
+    std: tuple[float, ...] | None = None,
+) -> EvalResult:
+    """Top-1 accuracy, mean cross-entropy and per-class accuracy (NaN for absent classes)."""
+    model.to(device).eval()
+    transform = make_batch_transform(mean, std, train=False, augment=False)
+    correct = torch.zeros(num_classes, device=device)
+    total = torch.zeros(num_classes, device=device)
+    loss_sum = torch.zeros((), device=device, dtype=torch.float64)
+    for start in range(0, x.shape[0], batch_size):
+        xb = transform(x[start : start + batch_size].to(device, non_blocking=True))
+        yb = y[start : start + batch_size].to(device, non_blocking=True)
+        logits = model(xb).float()
+        loss_sum += nn.functional.cross_entropy(logits, yb, reduction="sum").double()
+        hit = (logits.argmax(dim=1) == yb).float()
+        correct.index_add_(0, yb, hit)
+        total.index_add_(0, yb, torch.ones_like(hit))
+    n = int(total.sum())
+    per_class = (correct / total).tolist()  # 0/0 -> nan for classes absent from the test set
+    return EvalResult(
+        accuracy=float(correct.sum()) / max(n, 1),
+        loss=float(loss_sum) / max(n, 1),
+        per_class_accuracy=[float(v) for v in per_class],
+        num_examples=n,
+    )

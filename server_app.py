@@ -1,0 +1,14 @@
+"""Flower ServerApp entry point (thin): validate the run config, run the experiment."""
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from fedvls_flwr.config import parse_run_config
+from fedvls_flwr.server import run_experiment
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    run_experiment(grid, parse_run_config(dict(context.run_config)))
