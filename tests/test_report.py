@@ -1,0 +1,253 @@
+"""Report tables and plots from hand-made run folders with known numbers."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedvls_flwr.report import (
+    load_run,
+    load_runs,
+    make_report,
+    method_label,
+    plot_accuracy,
+    plot_partition,
+    plot_per_class,
+    table,
+    write_table,
+)
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+# best / final accuracy (fractions) per method and seed, chosen by hand
+BEST = {"fedavg": [0.90, 0.85, 0.80], "fedvls": [0.70, 0.75, 0.65]}
+FINAL = {"fedavg": [0.88, 0.84, 0.77], "fedvls": [0.69, 0.70, 0.62]}
+CLIENTS = {
+    "num_classes": 4,
+    "clients": [
+        {"partition_id": 0, "class_counts": [50, 0, 3, 0]},
+        {"partition_id": 1, "class_counts": [0, 40, 0, 0]},
+        {"partition_id": 2, "class_counts": [10, 0, 30, 0]},
+    ],
+}
+
+
+def _config(method: str, seed: int, **extra) -> dict:
+    config = {
+        "method": method, "dataset": "mnist10k", "partition": "dirichlet", "dirichlet-beta": 0.05,
+        "shards-per-client": 2, "seed": seed, "use-dis": True, "use-logit": True, "lambda-dis": 0.1,
+        "num-server-rounds": 3, "run-name": f"{method}-{seed}", "output-dir": "/tmp/x",
+    }
+    config.update(extra)
+    return config
+
+
+def _write_run(
+    path: Path, config: dict, best: float, final: float, *, per_class=True, clients=CLIENTS,
+    rounds: int = 3, summary_best=True,
+) -> Path:
+    """A run folder whose rounds peak at `best` (round 2) and end at `final`."""
+    path.mkdir(parents=True)
+    records = [{"round": 0, "accuracy": 0.1, "loss": 2.3, "per_class_accuracy": [0.0, 1.0, 0.0, None],
+                "seconds": 0.0}]
+    accs = {1: best - 0.05, 2: best, 3: final}
+    for r in range(1, rounds + 1):
+        record = {"round": r, "accuracy": accs[r], "loss": 1.0 / r, "train": {"train-loss": 0.5},
+                  "seconds": 1.0, "clients_sampled": 3}
+        if per_class:
+            record["per_class_accuracy"] = [accs[r], accs[r] / 2, 0.3, None]
+        records.append(record)
+    (path / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    summary = {"config": config, "wall_seconds": 3.0}
+    if summary_best:
+        summary.update(best_accuracy=best, best_round=2, final_accuracy=final, final_round=rounds)
+    (path / "summary.json").write_text(json.dumps(summary))
+    if clients is not None:
+        (path / "clients.json").write_text(json.dumps(clients))
+    return path
+
+
+@pytest.fixture()
+def runs_root(tmp_path: Path) -> Path:
+    root = tmp_path / "runs"
+    for method in BEST:
+        for seed in range(3):
+            _write_run(root / "sweep" / f"{method}-s{seed}", _config(method, seed),
+                       BEST[method][seed], FINAL[method][seed])
+    # an incomplete run: rounds but no summary.json
+    incomplete = root / "sweep" / "fedavg-crashed"
+    incomplete.mkdir(parents=True)
+    (incomplete / "rounds.jsonl").write_text(json.dumps({"round": 0, "accuracy": 0.1}) + "\n")
+    return root
+
+
+def _is_png(path: Path) -> bool:
+    data = Path(path).read_bytes()
+    return len(data) > 1000 and data[:8] == PNG_SIGNATURE
+
+
+def _sample_std(values):
+    m = sum(values) / len(values)
+    return math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
+
+
+# ---------------------------------------------------------------------------------------
+def test_load_runs_skips_incomplete(runs_root: Path):
+    runs = load_runs(runs_root)
+    assert len(runs) == 6
+    assert all(r.path.name != "fedavg-crashed" for r in runs)
+    run = load_run(runs_root / "sweep" / "fedavg-s1")
+    assert run.config["seed"] == 1 and run.clients["num_classes"] == 4
+    assert len(run.rounds) == 4 and run.rounds[0]["round"] == 0
+    with pytest.raises(FileNotFoundError):
+        load_run(runs_root / "sweep" / "fedavg-crashed")
+    # a list of run folders works too
+    assert len(load_runs([runs_root / "sweep" / "fedavg-s0", runs_root / "sweep" / "fedvls-s2"])) == 2
+
+
+def test_table_means_and_stds(runs_root: Path):
+    t = table(load_runs(runs_root))
+    assert t.row_values == [("mnist10k", "dirichlet", 0.05)]
+    assert t.col_values == [("FedAvg",), ("FedVLS",)]
+    # hand-computed: FedAvg best 90/85/80 -> 85 ± 5; final 88/84/77 -> 83 ± 5.5678
+    avg = t.cell(("mnist10k", "dirichlet", 0.05), ("FedAvg",))
+    assert avg.n == 3 and sorted(avg.seeds) == [0, 1, 2]
+    assert avg.best_mean == pytest.approx(85.0)
+    assert avg.best_std == pytest.approx(5.0)
+    assert avg.final_mean == pytest.approx(83.0)
+    assert avg.final_std == pytest.approx(_sample_std([88, 84, 77]))
+    assert avg.final_std == pytest.approx(5.567764, abs=1e-5)
+    vls = t.cell(("mnist10k", "dirichlet", 0.05), ("FedVLS",))
+    assert vls.best_mean == pytest.approx(70.0) and vls.best_std == pytest.approx(5.0)
+    assert vls.final_mean == pytest.approx(67.0) and vls.final_std == pytest.approx(_sample_std([69, 70, 62]))
+    assert t.notes == []
+
+
+def test_table_single_seed_std_zero(tmp_path: Path):
+    _write_run(tmp_path / "a", _config("fedntd", 4), 0.8125, 0.8)
+    t = table(load_runs(tmp_path))
+    cell = t.cell(("mnist10k", "dirichlet", 0.05), ("FedNTD",))
+    assert cell.n == 1 and cell.best_mean == pytest.approx(81.25) and cell.best_std == 0.0
+    assert cell.final_std == 0.0
+
+
+def test_best_and_final_from_rounds_when_summary_lacks_them(tmp_path: Path):
+    _write_run(tmp_path / "old", {"method": "fedavg", "seed": 0}, 0.6, 0.55, summary_best=False,
+               per_class=False, clients=None)
+    run = load_runs(tmp_path)[0]
+    assert run.best_accuracy == pytest.approx(60.0) and run.final_accuracy == pytest.approx(55.0)
+    t = table([run])
+    assert t.row_values == [(None, None, None)]
+    assert t.cell((None, None, None), ("FedAvg",)).best_mean == pytest.approx(60.0)
+
+
+def test_written_table_round_trips(runs_root: Path, tmp_path: Path):
+    t = table(load_runs(runs_root))
+    md, csv_path = write_table(t, tmp_path / "out")
+    text = md.read_text()
+    assert "85.00 ± 5.00 (83.00 ± 5.57)" in text
+    assert "70.00 ± 5.00 (67.00 ± 4.36)" in text
+    assert "best over rounds (final round)" in text and "3 seeds per cell" in text
+    assert "| FedAvg | FedVLS |" in text
+    with csv_path.open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 2
+    by_method = {r["method"]: r for r in rows}
+    for label in ("FedAvg", "FedVLS"):
+        cell = t.cell(t.row_values[0], (label,))
+        row = by_method[label]
+        assert row["dataset"] == "mnist10k" and row["partition"] == "dirichlet"
+        assert float(row["dirichlet-beta"]) == 0.05
+        assert int(row["n"]) == 3
+        assert float(row["best_mean"]) == cell.best_mean and float(row["best_std"]) == cell.best_std
+        assert float(row["final_mean"]) == cell.final_mean and float(row["final_std"]) == cell.final_std
+        assert sorted(int(s) for s in row["seeds"].split(";")) == [0, 1, 2]
+        assert [float(v) for v in row["best_per_seed"].split(";")] == cell.best_values
+
+
+def test_ablation_variants_form_separate_groups(tmp_path: Path):
+    variants = {
+        "full": {}, "nodis": {"use-dis": False}, "nologit": {"use-logit": False},
+        "none": {"use-dis": False, "use-logit": False},
+    }
+    for i, (name, extra) in enumerate(variants.items()):
+        for seed in range(2):
+            _write_run(tmp_path / f"{name}-{seed}", _config("fedvls", seed, **extra), 0.6 + 0.05 * i, 0.5)
+    t = table(load_runs(tmp_path))
+    labels = [c[0] for c in t.col_values]
+    assert labels == ["FedVLS", "FedVLS −L_logit", "FedVLS −L_dis", "FedVLS −L_dis −L_logit"]
+    row = t.row_values[0]
+    assert t.cell(row, ("FedVLS −L_dis",)).best_mean == pytest.approx(65.0)
+    assert t.cell(row, ("FedVLS −L_dis −L_logit",)).best_mean == pytest.approx(75.0)
+    assert all(t.cell(row, (label,)).n == 2 for label in labels)
+    # the flags do not split methods they do not apply to
+    assert method_label({"method": "fedavg", "use-dis": False}) == "FedAvg"
+    assert method_label({"method": "fedvls-paper"}) == "FedVLS (paper form)"
+    assert method_label({"method": "fedlc", "fedlc-form": "paper"}) == "FedLC (paper form)"
+
+
+def test_table_notes_mixed_settings_and_unused_partition_keys(tmp_path: Path):
+    _write_run(tmp_path / "a", _config("fedavg", 0), 0.8, 0.8)
+    _write_run(tmp_path / "b", _config("fedavg", 1, **{"num-server-rounds": 50}), 0.9, 0.9)
+    _write_run(tmp_path / "c", _config("fedavg", 0, partition="shards"), 0.5, 0.5)
+    t = table(load_runs(tmp_path))
+    assert ("mnist10k", "shards", None) in t.row_values  # beta of a shards run is not shown
+    assert any("num-server-rounds" in note for note in t.notes)
+    assert not any("lambda-dis" in note for note in t.notes)
+
+
+def test_plots_are_pngs(runs_root: Path, tmp_path: Path):
+    runs = load_runs(runs_root)
+    out = tmp_path / "plots"
+    assert _is_png(plot_accuracy(runs, out / "acc.png"))
+    assert _is_png(plot_partition(CLIENTS, out / "part.png"))
+    assert _is_png(plot_per_class(runs, out / "pc.png", clients=CLIENTS))
+    assert _is_png(plot_per_class(runs, out / "pc-noclients.png"))
+
+
+def test_plots_single_seed_missing_per_class_and_clients(tmp_path: Path):
+    _write_run(tmp_path / "runs" / "one", _config("fedvls", 0), 0.7, 0.6, per_class=False, clients=None)
+    runs = load_runs(tmp_path / "runs")
+    out = tmp_path / "plots"
+    assert _is_png(plot_accuracy(runs, out / "acc.png"))
+    assert _is_png(plot_per_class(runs, out / "pc.png"))  # only round 0 has per-class values
+    # no per-class values at all, no rounds at all: a PNG that says so
+    run = runs[0]
+    run.rounds = [{k: v for k, v in r.items() if k != "per_class_accuracy"} for r in run.rounds]
+    assert _is_png(plot_per_class([run], out / "pc-none.png"))
+    run.rounds = []
+    assert _is_png(plot_accuracy([run], out / "acc-none.png"))
+    assert _is_png(plot_partition({}, out / "part-none.png"))
+
+
+def test_plots_tolerate_nan_and_large_grids(tmp_path: Path):
+    rng = np.random.default_rng(0)
+    counts = rng.integers(0, 50, size=(30, 100)) * (rng.random((30, 100)) < 0.2)
+    big = {"clients": [{"partition_id": i, "class_counts": c.tolist()} for i, c in enumerate(counts)]}
+    assert _is_png(plot_partition(big, tmp_path / "big.png"))
+    path = _write_run(tmp_path / "runs" / "r", _config("fedavg", 0), 0.5, 0.4, clients=None)
+    records = [json.loads(line) for line in (path / "rounds.jsonl").read_text().splitlines()]
+    records[-1]["per_class_accuracy"] = [None, float("nan"), 0.5, None]  # json.dumps writes NaN
+    (path / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    run = load_runs(tmp_path / "runs")[0]
+    assert np.isnan(run.final_per_class()[[0, 1, 3]]).all()
+    assert _is_png(plot_per_class([run], tmp_path / "pc.png", clients=CLIENTS))
+
+
+def test_make_report(runs_root: Path, tmp_path: Path):
+    out = tmp_path / "report"
+    written = make_report(runs_root, out)
+    assert written["table_md"].exists() and written["table_csv"].exists()
+    pngs = [p for name, p in written.items() if name.startswith(("accuracy", "per-class", "partition"))]
+    assert any(name.startswith("accuracy") for name in written)
+    assert any(name.startswith("per-class") for name in written)
+    # all runs share one partition here: it is drawn once per seed at most, deduplicated
+    assert sum(name.startswith("partition") for name in written) == 1
+    assert all(_is_png(p) for p in pngs)
+    # default output folder
+    assert make_report(runs_root)["table_md"].parent == runs_root / "report"
