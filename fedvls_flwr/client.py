@@ -43,6 +43,8 @@ def train_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDict:
         "num-examples": result.num_examples,
         "train-loss": result.loss,
         "num-vacant": result.num_vacant,
+        "partition-id": partition_id,
+        "class-counts": result.class_counts,
         **{f"train-{name}": value for name, value in result.terms.items()},
     }
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}

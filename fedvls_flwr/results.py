@@ -18,6 +18,7 @@ import numpy as np
 ROUNDS_FILE = "rounds.jsonl"
 SUMMARY_FILE = "summary.json"
 MODEL_FILE = "model_final.npz"
+CLIENTS_FILE = "clients.json"
 
 
 def _jsonable(value: Any) -> Any:
@@ -87,6 +88,11 @@ class RunWriter:
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         atomic_write_json(self.run_dir / SUMMARY_FILE, summary)
+
+    def write_clients(self, num_classes: int, class_counts: dict[int, list[int]]) -> None:
+        """The partition as the clients saw it: per partition id, samples per class."""
+        clients = [{"partition_id": pid, "class_counts": class_counts[pid]} for pid in sorted(class_counts)]
+        atomic_write_json(self.run_dir / CLIENTS_FILE, {"num_classes": num_classes, "clients": clients})
 
     def save_model(self, arrays: dict[str, np.ndarray]) -> None:
         save_arrays(self.run_dir / MODEL_FILE, arrays)

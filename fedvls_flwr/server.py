@@ -43,8 +43,14 @@ def run_experiment(grid: Grid, cfg: RunConfig) -> Path:
         )
         return {"accuracy": res.accuracy, "loss": res.loss, "per_class_accuracy": res.per_class_accuracy}
 
+    clients: dict[int, list[int]] = {}
+
     def on_round_end(server_round: int, arrays: ArrayRecord, report: RoundReport) -> None:
         t_eval = time.perf_counter()
+        new = {c["partition_id"]: c["class_counts"] for c in report.clients if "partition_id" in c}
+        if any(pid not in clients for pid in new):
+            clients.update(new)
+            writer.write_clients(bundle.num_classes, clients)
         metrics = evaluate_global(arrays)
         record = {
             "round": server_round,

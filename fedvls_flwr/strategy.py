@@ -47,6 +47,7 @@ class RoundReport:
     failed: list[dict] = field(default_factory=list)    # client raised / no reply
     rejected: list[dict] = field(default_factory=list)  # reply failed the checks
     train_metrics: dict[str, float] = field(default_factory=dict)
+    clients: list[dict] = field(default_factory=list)   # per accepted client: partition, class counts
     num_examples: float = 0.0
     seconds: float = 0.0
 
@@ -120,6 +121,7 @@ class FedVLSStrategy(FedAvg):
                 log(WARNING, "round %d: rejected the reply of node %s: %s", server_round, node, reason)
                 continue
             accepted.append(reply)
+            self.report.clients.append({"node": node, **self._client_info(msg.content)})
         missing = self.report.sampled - len(replies)
         if missing > 0:
             self.report.failed.extend({"node": "?", "reason": "no reply before round-timeout"} for _ in range(missing))
@@ -135,6 +137,16 @@ class FedVLSStrategy(FedAvg):
         return to_array_record(arrays), MetricRecord(metrics)
 
     @staticmethod
+    def _client_info(content: RecordDict) -> dict:
+        metrics = content[METRICS_KEY]
+        info = {}
+        if "partition-id" in metrics:
+            info["partition_id"] = int(metrics["partition-id"])
+        if "class-counts" in metrics:
+            info["class_counts"] = [int(c) for c in metrics["class-counts"]]
+        return info
+
+    @staticmethod
     def _parse(node: str, content: RecordDict) -> tuple[Reply | None, str | None]:
         if ARRAYS_KEY not in content.array_records or METRICS_KEY not in content.metric_records:
             return None, f"reply lacks the '{ARRAYS_KEY}' ArrayRecord or the '{METRICS_KEY}' MetricRecord"
@@ -142,6 +154,7 @@ class FedVLSStrategy(FedAvg):
         if "num-examples" not in metrics:
             return None, "reply metrics lack 'num-examples'"
         num_examples = float(metrics.pop("num-examples"))
+        metrics.pop("partition-id", None)  # identity, not a quantity to average
         scalars = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
         return Reply(node, to_numpy_dict(content[ARRAYS_KEY]), num_examples, scalars), None
 

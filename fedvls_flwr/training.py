@@ -53,6 +53,7 @@ class TrainResult:
     loss: float
     terms: dict[str, float] = field(default_factory=dict)
     num_vacant: int = 0
+    class_counts: list[int] = field(default_factory=list)
     steps: int = 0
 
 
@@ -143,6 +144,7 @@ def train_local(
         loss=float(loss_sum) / seen,
         terms={name: float(v) / seen for name, v in term_sums.items()},
         num_vacant=int((counts == 0).sum()),
+        class_counts=[int(c) for c in counts.tolist()],
         steps=steps,
     )
 
