@@ -19,6 +19,9 @@ ROUNDS_FILE = "rounds.jsonl"
 SUMMARY_FILE = "summary.json"
 MODEL_FILE = "model_final.npz"
 CLIENTS_FILE = "clients.json"
+CHECKPOINT_FILE = "checkpoint.npz"
+STATE_FILE = "state.json"
+CONFIG_FILE = "config.json"
 
 
 def _jsonable(value: Any) -> Any:
@@ -96,6 +99,9 @@ class RunWriter:
 
     def save_model(self, arrays: dict[str, np.ndarray]) -> None:
         save_arrays(self.run_dir / MODEL_FILE, arrays)
+
+    def save_checkpoint(self, arrays: dict[str, np.ndarray]) -> None:
+        save_arrays(self.run_dir / CHECKPOINT_FILE, arrays)
 
 
 def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:

@@ -1,9 +1,15 @@
-"""The server's side of an experiment: initial model, rounds, evaluation, result files."""
+"""The server's side of an experiment: initial model, rounds, evaluation, result files.
+
+After every round the global model (``checkpoint.npz``), ``rounds.jsonl`` and
+``state.json`` (the last completed round) are replaced atomically, so a killed server
+loses at most the round in progress; ``resume = true`` continues from there.
+"""
 
 from __future__ import annotations
 
+import json
 import time
-from logging import INFO
+from logging import INFO, WARNING
 from pathlib import Path
 
 import torch
@@ -12,27 +18,60 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from .client import model_name
-from .config import RunConfig
+from .config import ConfigError, RunConfig
+from .diagnostics import local_update_view
 from .models import build_model
 from .node_data import dataset_for
-from .results import RunWriter, summarize
-from .strategy import FedVLSStrategy, RoundReport, to_numpy_dict
+from .results import (
+    CHECKPOINT_FILE, CONFIG_FILE, STATE_FILE, RunWriter, atomic_write_json, load_arrays, read_rounds, summarize,
+)
+from .strategy import FedVLSStrategy, RoundReport, to_array_record, to_numpy_dict
 from .training import evaluate, resolve_device
+
+# Keys that may differ between a run and its resumption (everything else must match).
+RESUMABLE_CHANGES = {"resume", "num-server-rounds", "round-timeout", "round-retries", "device", "torch-threads"}
 
 
 def run_dir_for(cfg: RunConfig) -> Path:
     return cfg.resolved_output_dir() / (cfg.run_name or cfg.default_run_name())
 
 
+def _resume_point(cfg: RunConfig, run_dir: Path) -> tuple[int, dict | None, list[dict]]:
+    """(last completed round, its global arrays, its rounds) of a run folder, or (0, None, [])."""
+    state_path = run_dir / STATE_FILE
+    if not cfg.resume or not state_path.exists():
+        if cfg.resume:
+            log(WARNING, "resume = true but %s holds no checkpoint; starting from round 1", run_dir)
+        elif (run_dir / STATE_FILE).exists():
+            raise ConfigError(
+                f"run folder {run_dir} already holds a run; set resume=true to continue it "
+                "or choose another run-name / output-dir"
+            )
+        return 0, None, []
+    saved = json.loads((run_dir / CONFIG_FILE).read_text())
+    changed = sorted(k for k, v in cfg.to_flower().items() if saved.get(k) != v and k not in RESUMABLE_CHANGES)
+    if changed:
+        raise ConfigError(
+            f"resume: the run in {run_dir} was started with other settings for {changed}; "
+            "resume with the same run config (only num-server-rounds, timeouts and device may change)"
+        )
+    done = int(json.loads(state_path.read_text())["round"])
+    rounds = [r for r in read_rounds(run_dir) if r["round"] <= done]
+    return done, load_arrays(run_dir / CHECKPOINT_FILE), rounds
+
+
 def run_experiment(grid: Grid, cfg: RunConfig) -> Path:
     """Run every round of ``cfg`` on ``grid``; returns the run folder."""
     t_start = time.perf_counter()
+    run_dir = run_dir_for(cfg)
+    start_round, saved_arrays, saved_rounds = _resume_point(cfg, run_dir)
     bundle = dataset_for(cfg)
     device = resolve_device("cpu" if cfg.device == "cpu" else "auto")
     torch.manual_seed(cfg.seed)
     model = build_model(model_name(cfg), tuple(bundle.input_shape), bundle.num_classes)
-    run_dir = run_dir_for(cfg)
     writer = RunWriter(run_dir)
+    writer.rounds = saved_rounds
+    atomic_write_json(run_dir / CONFIG_FILE, cfg.to_flower())
     log(INFO, "fedvls: %s on %s (%s), results in %s", cfg.method, cfg.dataset, model_name(cfg), run_dir)
 
     def evaluate_global(arrays: ArrayRecord) -> dict:
@@ -47,23 +86,36 @@ def run_experiment(grid: Grid, cfg: RunConfig) -> Path:
 
     def on_round_end(server_round: int, arrays: ArrayRecord, report: RoundReport) -> None:
         t_eval = time.perf_counter()
+        previous_global = writer.rounds[-1]["per_class_accuracy"] if writer.rounds else None
+        metrics = evaluate_global(arrays)
         new = {c["partition_id"]: c["class_counts"] for c in report.clients if "partition_id" in c}
         if any(pid not in clients for pid in new):
             clients.update(new)
             writer.write_clients(bundle.num_classes, clients)
-        metrics = evaluate_global(arrays)
         record = {
             "round": server_round,
             **metrics,
             "train": report.train_metrics,
+            "drift_diversity": report.drift_diversity,
             "clients_sampled": report.sampled,
             "clients_accepted": report.accepted,
             "clients_failed": len(report.failed),
             "clients_rejected": len(report.rejected),
+            "attempts": report.attempts,
             "failures": report.failed + report.rejected,
             "seconds": report.seconds + (time.perf_counter() - t_eval),
         }
+        local = [
+            (c["class_counts"], c["local_per_class_accuracy"])
+            for c in report.clients if "local_per_class_accuracy" in c and "class_counts" in c
+        ]
+        if local and previous_global is not None:
+            record["local_update"] = local_update_view(local, previous_global)
+        # rounds.jsonl first, then the checkpoint, then the state that points at both:
+        # a kill between two writes leaves a state that still names a complete round.
         writer.append_round(record)
+        writer.save_checkpoint(to_numpy_dict(arrays))
+        atomic_write_json(run_dir / STATE_FILE, {"round": server_round})
         log(
             INFO, "round %d/%d: accuracy %.4f  loss %.4f  train-loss %s  clients %d/%d  %.2fs",
             server_round, cfg.num_server_rounds, metrics["accuracy"], metrics["loss"],
@@ -71,24 +123,37 @@ def run_experiment(grid: Grid, cfg: RunConfig) -> Path:
             report.accepted, report.sampled, record["seconds"],
         )
 
-    initial = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
-    writer.append_round({"round": 0, **evaluate_global(initial), "seconds": 0.0})
+    if saved_arrays is None:
+        initial = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
+        writer.append_round({"round": 0, **evaluate_global(initial), "seconds": 0.0})
+    else:
+        initial = to_array_record(saved_arrays)
+        log(INFO, "fedvls: resuming after round %d of %d", start_round, cfg.num_server_rounds)
     strategy = FedVLSStrategy(cfg)
-    final = strategy.run(grid, initial, on_round_end=on_round_end)
-
+    try:
+        final = strategy.run(grid, initial, on_round_end=on_round_end, start_round=start_round + 1)
+    except Exception as err:
+        writer.write_summary(_summary(cfg, run_dir, bundle, writer, t_start, status="failed", error=str(err)))
+        raise
     writer.save_model(to_numpy_dict(final))
-    summary = {
-        "config": cfg.to_flower(),
-        "run_dir": str(run_dir),
-        "model": model_name(cfg),
-        "num_train_pool": int(bundle.train_y.shape[0]),
-        "num_test": int(bundle.test_y.shape[0]),
-        **summarize(writer.rounds),
-        "wall_seconds": time.perf_counter() - t_start,
-    }
+    summary = _summary(cfg, run_dir, bundle, writer, t_start, status="completed", resumed_after_round=start_round)
     writer.write_summary(summary)
     log(
         INFO, "fedvls: done - best accuracy %.4f (round %s), final %.4f; %s",
         summary["best_accuracy"], summary["best_round"], summary["final_accuracy"], run_dir,
     )
     return run_dir
+
+
+def _summary(cfg: RunConfig, run_dir: Path, bundle, writer: RunWriter, t_start: float, **extra) -> dict:
+    return {
+        "config": cfg.to_flower(),
+        "run_dir": str(run_dir),
+        "model": model_name(cfg),
+        "num_train_pool": int(bundle.train_y.shape[0]),
+        "num_test": int(bundle.test_y.shape[0]),
+        **summarize(writer.rounds),
+        "rounds_completed": max((r["round"] for r in writer.rounds), default=0),
+        "wall_seconds": time.perf_counter() - t_start,
+        **extra,
+    }

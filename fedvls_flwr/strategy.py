@@ -9,6 +9,7 @@ and how they are averaged (float64, integer buffers kept integer).
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Callable, Iterable
@@ -21,7 +22,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
-from .aggregation import Reply, average_metrics, check_reply, weighted_average
+from .aggregation import Reply, average_metrics, check_reply, drift_diversity, weighted_average
 from .config import RunConfig
 
 ARRAYS_KEY = "arrays"
@@ -49,7 +50,13 @@ class RoundReport:
     train_metrics: dict[str, float] = field(default_factory=dict)
     clients: list[dict] = field(default_factory=list)   # per accepted client: partition, class counts
     num_examples: float = 0.0
+    drift_diversity: float = float("nan")
+    attempts: int = 0
     seconds: float = 0.0
+
+
+class RoundFailedError(RuntimeError):
+    """Too few usable replies in a round, after the configured retries."""
 
 
 class FedVLSStrategy(FedAvg):
@@ -83,7 +90,11 @@ class FedVLSStrategy(FedAvg):
     ) -> Iterable[Message]:
         node_ids = self._wait_for_nodes(grid)
         sampled = self.sample(node_ids, server_round)
-        self.report = RoundReport(server_round, sampled=len(sampled))
+        if self.report.server_round != server_round:
+            self.report = RoundReport(server_round)
+        self.report.sampled = len(sampled)
+        self.report.attempts += 1
+        self.report.clients = []
         log(INFO, "round %d: training on %d of %d nodes", server_round, len(sampled), len(node_ids))
         record = RecordDict({ARRAYS_KEY: arrays, CONFIG_KEY: self.round_config(server_round)})
         return [
@@ -126,6 +137,8 @@ class FedVLSStrategy(FedAvg):
         if missing > 0:
             self.report.failed.extend({"node": "?", "reason": "no reply before round-timeout"} for _ in range(missing))
         self.report.accepted = len(accepted)
+        if accepted and reference is not None:
+            self.report.drift_diversity = drift_diversity([r.arrays for r in accepted], reference)
         if not accepted:
             log(WARNING, "round %d: no usable reply; the global model is unchanged", server_round)
             return None, None
@@ -144,6 +157,8 @@ class FedVLSStrategy(FedAvg):
             info["partition_id"] = int(metrics["partition-id"])
         if "class-counts" in metrics:
             info["class_counts"] = [int(c) for c in metrics["class-counts"]]
+        if "local-per-class-accuracy" in metrics:
+            info["local_per_class_accuracy"] = [float(a) for a in metrics["local-per-class-accuracy"]]
         return info
 
     @staticmethod
@@ -171,12 +186,37 @@ class FedVLSStrategy(FedAvg):
         arrays = initial_arrays
         for server_round in range(start_round, self.cfg.num_server_rounds + 1):
             t0 = time.perf_counter()
-            reference = to_numpy_dict(arrays)
-            messages = self.configure_train(server_round, arrays, ConfigRecord(), grid)
-            replies = grid.send_and_receive(messages=messages, timeout=self.cfg.round_timeout)
-            new_arrays, _ = self.aggregate_train(server_round, replies, reference)
-            if new_arrays is not None:
-                arrays = new_arrays
+            self.report = RoundReport(server_round)
+            new_arrays = self._train_round(grid, server_round, arrays)
+            arrays = new_arrays
             self.report.seconds = time.perf_counter() - t0
             on_round_end(server_round, arrays, self.report)
         return arrays
+
+    def min_replies(self, sampled: int) -> int:
+        return max(1, math.ceil(self.cfg.min_fit_fraction * sampled - 1e-9))
+
+    def _train_round(self, grid: Grid, server_round: int, arrays: ArrayRecord) -> ArrayRecord:
+        """One round with the failure policy: a round counts when at least
+        ceil(min-fit-fraction x sampled) clients (and at least one) gave usable replies;
+        otherwise it is re-run up to round-retries times, then the run stops."""
+        reference = to_numpy_dict(arrays)
+        for attempt in range(self.cfg.round_retries + 1):
+            messages = self.configure_train(server_round, arrays, ConfigRecord(), grid)
+            replies = grid.send_and_receive(messages=messages, timeout=self.cfg.round_timeout)
+            new_arrays, _ = self.aggregate_train(server_round, replies, reference)
+            needed = self.min_replies(self.report.sampled)
+            if new_arrays is not None and self.report.accepted >= needed:
+                return new_arrays
+            log(
+                WARNING, "round %d attempt %d: %d usable replies of %d sampled, %d needed (min-fit-fraction %.2f)",
+                server_round, attempt + 1, self.report.accepted, self.report.sampled, needed,
+                self.cfg.min_fit_fraction,
+            )
+        reasons = "; ".join(f"node {f['node']}: {f['reason']}" for f in (self.report.failed + self.report.rejected)[-5:])
+        raise RoundFailedError(
+            f"round {server_round} failed {self.cfg.round_retries + 1} time(s): fewer than "
+            f"min-fit-fraction = {self.cfg.min_fit_fraction} of the sampled clients gave usable replies "
+            f"(last reasons: {reasons or 'none reported'}). Results up to round {server_round - 1} are saved; "
+            "fix the cause and continue with resume=true."
+        )

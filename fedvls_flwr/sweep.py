@@ -61,7 +61,7 @@ def run_name(overrides: dict[str, Any]) -> str:
     parts = [cfg.dataset, cfg.method, skew[cfg.partition]]
     defaults = RunConfig().to_flower()
     for key in sorted(overrides):
-        if key in NAME_KEYS or key in ("data-dir", "output-dir", "run-name", "download", "device"):
+        if key in NAME_KEYS or key in ("data-dir", "output-dir", "run-name", "download", "device", "resume"):
             continue
         if overrides[key] != defaults.get(key) and key not in ("num-server-rounds", "local-epochs"):
             parts.append(f"{key}{overrides[key]}")
@@ -135,7 +135,8 @@ def run_preset(
     todo, done = [], []
     for overrides in preset.runs:
         name = overrides.get("run-name") or run_name(overrides)
-        entry = {**overrides, "output-dir": str(output_dir), "run-name": name}
+        # resume=true: a run interrupted mid-way continues from its last checkpoint.
+        entry = {**overrides, "output-dir": str(output_dir), "run-name": name, "resume": True}
         (done if (output_dir / name / SUMMARY_FILE).exists() else todo).append(entry)
     log(f"[sweep] {preset.name}: {len(preset.runs)} runs, {len(done)} already finished, {len(todo)} to run")
     statuses: dict[str, str] = {e["run-name"]: "skipped (finished earlier)" for e in done}

@@ -1,0 +1,139 @@
+"""The Flower strategy with real Message objects and a fake Grid (no Flower processes)."""
+
+import time
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, Error, Message, MetricRecord, RecordDict
+from flwr.app.metadata import Metadata
+from flwr.supercore.task_identity import TaskIdentity
+
+from fedvls_flwr.config import RunConfig
+from fedvls_flwr.strategy import ARRAYS_KEY, CONFIG_KEY, METRICS_KEY, FedVLSStrategy, RoundFailedError, to_numpy_dict
+
+GLOBAL = {"w": np.zeros((2, 2), np.float32), "b": np.zeros(2, np.float32)}
+
+
+@pytest.fixture(autouse=True)
+def run_identity():
+    old = TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+    yield
+    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = old
+
+
+def reply(node: int, arrays: dict | None = None, num_examples: float = 10, error: str | None = None, **metrics):
+    meta = Metadata(
+        run_id=1, message_id=f"m{node}", src_node_id=node, dst_node_id=0, reply_to_message_id="x",
+        group_id="1", created_at=time.time(), ttl=60.0, message_type="train",
+    )
+    if error is not None:
+        return Message(Error(code=1, reason=error), metadata=meta)
+    content = RecordDict({METRICS_KEY: MetricRecord({"num-examples": num_examples, **metrics})})
+    if arrays is not None:
+        content[ARRAYS_KEY] = ArrayRecord({k: Array(np.asarray(v)) for k, v in arrays.items()})
+    return Message(content, metadata=meta)
+
+
+def arrays(value: float) -> dict:
+    return {k: np.full_like(v, value) for k, v in GLOBAL.items()}
+
+
+def test_weighted_average_over_accepted_replies_malformed_and_nan_rejected():
+    strategy = FedVLSStrategy(RunConfig())
+    strategy.report.sampled = 5
+    replies = [
+        reply(1, arrays(1.0), 10, **{"train-loss": 1.0}),
+        reply(2, arrays(4.0), 30, **{"train-loss": 2.0}),
+        reply(3, {"w": np.ones((2, 3), np.float32), "b": np.ones(2, np.float32)}, 50),  # wrong shape
+        reply(4, {**arrays(1.0), "w": np.full((2, 2), np.nan, np.float32)}, 50),       # NaN
+        reply(5, error="client raised"),
+    ]
+    new, metrics = strategy.aggregate_train(1, replies, GLOBAL)
+    out = to_numpy_dict(new)
+    np.testing.assert_allclose(out["w"], np.full((2, 2), 0.25 * 1 + 0.75 * 4), rtol=1e-6)
+    assert metrics["train-loss"] == pytest.approx(0.25 * 1 + 0.75 * 2)
+    assert strategy.report.accepted == 2
+    assert len(strategy.report.rejected) == 2 and len(strategy.report.failed) == 1
+    assert "shape" in strategy.report.rejected[0]["reason"]
+    assert "NaN" in strategy.report.rejected[1]["reason"]
+    assert strategy.report.drift_diversity == pytest.approx((1 * 6 + 16 * 6) / (25 * 6))
+
+
+class FakeGrid:
+    """Answers train messages with ``respond(node, attempt)``; counts calls."""
+
+    def __init__(self, nodes, respond):
+        self.nodes, self.respond, self.calls, self.sent = nodes, respond, 0, []
+
+    def get_node_ids(self):
+        return list(self.nodes)
+
+    def send_and_receive(self, messages, timeout=None):
+        self.calls += 1
+        messages = list(messages)
+        self.sent.append(messages)
+        return [r for m in messages if (r := self.respond(m.metadata.dst_node_id, self.calls)) is not None]
+
+
+def good(node, attempt):
+    return reply(node, arrays(float(node)), 10, **{"train-loss": 0.5})
+
+
+def initial():
+    return ArrayRecord({k: Array(v) for k, v in GLOBAL.items()})
+
+
+def test_round_config_carries_round_and_hyperparameters():
+    cfg = RunConfig(method="fedntd", lr=0.05, num_server_rounds=2)
+    grid = FakeGrid([11, 12], good)
+    seen = []
+    FedVLSStrategy(cfg).run(grid, initial(), on_round_end=lambda r, a, rep: seen.append(r))
+    assert seen == [1, 2]
+    config = grid.sent[1][0].content[CONFIG_KEY]
+    assert config["server-round"] == 2 and config["method"] == "fedntd" and config["lr"] == 0.05
+
+
+def test_seeded_partial_participation():
+    nodes = list(range(100, 110))
+    a = FedVLSStrategy(RunConfig(fraction_train=0.3, seed=1))
+    b = FedVLSStrategy(RunConfig(fraction_train=0.3, seed=1))
+    c = FedVLSStrategy(RunConfig(fraction_train=0.3, seed=2))
+    assert len(a.sample(nodes, 1)) == 3
+    assert a.sample(nodes, 1) == b.sample(nodes, 1) == b.sample(list(reversed(nodes)), 1)
+    assert a.sample(nodes, 1) != a.sample(nodes, 2) or a.sample(nodes, 1) != c.sample(nodes, 1)
+
+
+def test_failing_client_is_dropped_and_the_round_completes():
+    def respond(node, attempt):
+        return reply(node, error="ValueError: boom") if node == 12 else good(node, attempt)
+
+    reports = []
+    cfg = RunConfig(num_server_rounds=1, min_fit_fraction=0.5)
+    final = FedVLSStrategy(cfg).run(FakeGrid([11, 12, 13], respond), initial(), on_round_end=lambda r, a, rep: reports.append(rep))
+    assert reports[0].accepted == 2 and len(reports[0].failed) == 1 and reports[0].attempts == 1
+    np.testing.assert_allclose(to_numpy_dict(final)["w"], np.full((2, 2), 12.0))
+
+
+def test_too_few_replies_retries_then_stops_with_a_clear_error():
+    def respond(node, attempt):
+        return good(node, attempt) if attempt >= 2 else None  # first attempt: everybody silent
+
+    reports = []
+    cfg = RunConfig(num_server_rounds=1, min_fit_fraction=1.0, round_retries=1)
+    FedVLSStrategy(cfg).run(FakeGrid([11, 12], respond), initial(), on_round_end=lambda r, a, rep: reports.append(rep))
+    assert reports[0].attempts == 2 and reports[0].accepted == 2 and len(reports[0].failed) == 2
+
+    never = FakeGrid([11, 12], lambda n, a: None)
+    with pytest.raises(RoundFailedError, match="min-fit-fraction"):
+        FedVLSStrategy(RunConfig(num_server_rounds=1, round_retries=2)).run(never, initial(), on_round_end=lambda *a: None)
+    assert never.calls == 3
+
+
+def test_nan_reply_keeps_the_global_model_finite():
+    def respond(node, attempt):
+        bad = {k: np.full_like(v, np.nan) for k, v in GLOBAL.items()}
+        return reply(node, bad if node == 11 else arrays(2.0), 10)
+
+    final = FedVLSStrategy(RunConfig(num_server_rounds=1)).run(FakeGrid([11, 12], respond), initial(), on_round_end=lambda *a: None)
+    assert all(np.isfinite(v).all() for v in to_numpy_dict(final).values())
