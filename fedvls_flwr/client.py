@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -10,13 +11,36 @@ from flwr.app import ArrayRecord, MetricRecord, RecordDict
 
 from .config import parse_run_config
 from .models import build_model, default_model
-from .node_data import client_data, node_partition
+from .node_data import client_data, dataset_for, node_partition
 from .strategy import ARRAYS_KEY, CONFIG_KEY, METRICS_KEY
-from .training import resolve_device, train_local
+from .training import evaluate, resolve_device, train_local
 
 
 def model_name(cfg) -> str:
     return default_model(cfg.dataset) if cfg.model == "auto" else cfg.model
+
+
+FAULT_ENV = "FEDVLS_INJECT_FAULT"
+
+
+def injected_fault(partition_id: int, server_round: int) -> str | None:
+    """Fault injection for the reliability tests: ``FEDVLS_INJECT_FAULT`` holds entries
+    ``kind:partition:round`` (kind ``raise`` or ``nan``) separated by commas, read from the
+    environment of the process that runs the ClientApp. Unset in normal use."""
+    for entry in filter(None, os.environ.get(FAULT_ENV, "").split(",")):
+        kind, pid, rnd = entry.split(":")
+        if int(pid) == partition_id and int(rnd) == server_round:
+            return kind
+    return None
+
+
+def local_test_per_class(cfg, model, device) -> list[float]:
+    bundle = dataset_for(cfg)
+    res = evaluate(
+        model, bundle.test_x, bundle.test_y, bundle.num_classes, device=device,
+        batch_size=cfg.eval_batch_size, mean=bundle.mean, std=bundle.std,
+    )
+    return [float(a) for a in res.per_class_accuracy]
 
 
 def train_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDict:
@@ -28,6 +52,9 @@ def train_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDict:
         torch.set_num_threads(cfg.torch_threads)
     device = resolve_device(cfg.device)
 
+    fault = injected_fault(partition_id, server_round)
+    if fault == "raise":
+        raise RuntimeError(f"injected fault: partition {partition_id} raises in round {server_round}")
     data = client_data(cfg, partition_id, num_partitions)
     model = build_model(model_name(cfg), tuple(data.x.shape[1:]), data.num_classes)
     model.load_state_dict(content[ARRAYS_KEY].to_torch_state_dict(), strict=True)
@@ -38,6 +65,7 @@ def train_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDict:
     result = train_local(
         model, data.x, data.y, data.num_classes, cfg,
         device=device, generator=generator, mean=data.mean, std=data.std,
+        augment=cfg.augment,  # no effect on the MNIST-like sets (stored normalised, mean=None)
     )
     metrics = {
         "num-examples": result.num_examples,
@@ -47,5 +75,10 @@ def train_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDict:
         "class-counts": result.class_counts,
         **{f"train-{name}": value for name, value in result.terms.items()},
     }
+    if cfg.local_eval:
+        # The paper's local-update view: this client's updated model on the test set.
+        metrics["local-per-class-accuracy"] = local_test_per_class(cfg, model, device)
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    if fault == "nan":
+        state = {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v for k, v in state.items()}
     return RecordDict({ARRAYS_KEY: ArrayRecord(state), METRICS_KEY: MetricRecord(metrics)})

@@ -48,6 +48,8 @@ class RunConfig:
     fraction_train: float = 1.0
     min_nodes: int = 2
     round_timeout: float = 3600.0
+    min_fit_fraction: float = 0.5
+    round_retries: int = 1
     # local training
     local_epochs: int = 5
     batch_size: int = 64
@@ -57,6 +59,15 @@ class RunConfig:
     device: str = "auto"
     torch_threads: int = 1
     eval_batch_size: int = 1024
+    # Training-time augmentation (random crop pad 4 + horizontal flip + per-sample
+    # AutoAugment CIFAR10 policy, see augment.py). Applies only to the uint8 image
+    # datasets (cifar10, cifar100, tinyimagenet: bundles with mean/std); the MNIST-like
+    # sets are stored normalised and are never augmented, whatever this says.
+    augment: bool = True
+    # Mixed precision: torch.autocast with bfloat16 (no GradScaler needed) around the
+    # forward passes and the objective, on CUDA only. On a CPU device it is accepted and
+    # ignored (logged once per process), so one preset can serve CPU and GPU machines.
+    amp: bool = False
     # objectives
     lambda_dis: float = 0.1
     logit_weight: float = 0.005
@@ -71,6 +82,8 @@ class RunConfig:
     # results
     output_dir: str = "~/fedvls-runs"
     run_name: str = ""
+    resume: bool = False
+    local_eval: bool = False
 
     # ---- derived views -------------------------------------------------
     def to_flower(self) -> dict[str, Any]:
@@ -188,6 +201,8 @@ def validate(cfg: RunConfig) -> None:
     _check(0 < cfg.fraction_train <= 1, "fraction-train", cfg.fraction_train, "in (0, 1]")
     _check(cfg.min_nodes >= 1, "min-nodes", cfg.min_nodes, ">= 1")
     _check(cfg.round_timeout > 0, "round-timeout", cfg.round_timeout, "> 0 seconds")
+    _check(0 <= cfg.min_fit_fraction <= 1, "min-fit-fraction", cfg.min_fit_fraction, "in [0, 1]")
+    _check(cfg.round_retries >= 0, "round-retries", cfg.round_retries, ">= 0")
     _check(cfg.local_epochs >= 1, "local-epochs", cfg.local_epochs, ">= 1")
     _check(cfg.batch_size >= 1, "batch-size", cfg.batch_size, ">= 1")
     _check(cfg.eval_batch_size >= 1, "eval-batch-size", cfg.eval_batch_size, ">= 1")
@@ -202,6 +217,11 @@ def validate(cfg: RunConfig) -> None:
     _check(cfg.fedntd_beta >= 0, "fedntd-beta", cfg.fedntd_beta, ">= 0")
     _check(cfg.fedntd_tau > 0, "fedntd-tau", cfg.fedntd_tau, "> 0")
     _check(cfg.output_dir.strip() != "", "output-dir", cfg.output_dir, "a non-empty path")
+    if cfg.resume and not cfg.run_name:
+        raise ConfigError(
+            "run config 'resume' = true needs 'run-name' set to the folder of the run to continue "
+            "(the default name carries a timestamp and is never found again)"
+        )
     if cfg.run_name:
         _check("/" not in cfg.run_name and cfg.run_name not in (".", ".."),
                "run-name", cfg.run_name, "a plain folder name (no '/')")

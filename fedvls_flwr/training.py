@@ -3,11 +3,21 @@
 Batches are taken by index from tensors already on the training device (no DataLoader,
 no per-sample Python), loss sums stay on the device and are read once at the end, so a
 GPU is not synchronised every step.
+
+GPU path: the client's data are copied to the GPU once per round (from pinned memory,
+non-blocking), augmentation runs there on whole batches (:mod:`fedvls_flwr.augment`),
+the teacher's forward pass runs under ``torch.no_grad``, and with ``amp = true`` the
+forward passes and the objective run under ``torch.autocast`` with bfloat16 (bfloat16
+has float32's exponent range, so no GradScaler is needed; the objectives upcast half
+logits to float32). On a CPU device ``amp`` is ignored (logged once per process) and
+the loop is plain float32.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -16,6 +26,11 @@ from torch import nn
 from .augment import make_batch_transform
 from .config import RunConfig
 from .objectives import Objective, ObjectiveParams, build_objective
+
+
+logger = logging.getLogger(__name__)
+
+_AMP_CPU_LOGGED = False
 
 
 class NonFiniteLossError(RuntimeError):
@@ -45,6 +60,24 @@ def objective_params(cfg: RunConfig) -> ObjectiveParams:
         fedntd_beta=cfg.fedntd_beta,
         fedntd_tau=cfg.fedntd_tau,
     )
+
+
+def autocast_context(device: torch.device, amp: bool) -> contextlib.AbstractContextManager:
+    """bfloat16 autocast on CUDA when ``amp``; a no-op otherwise (CPU: logged once)."""
+    global _AMP_CPU_LOGGED
+    if amp and device.type == "cuda":
+        return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+    if amp and not _AMP_CPU_LOGGED:
+        _AMP_CPU_LOGGED = True
+        logger.warning("amp = true is ignored on device %s: mixed precision is used on CUDA only", device)
+    return contextlib.nullcontext()
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Move ``t`` to ``device``; to a GPU via a pinned staging copy and a non-blocking transfer."""
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
 
 
 @dataclass
@@ -82,23 +115,28 @@ def train_local(
     """Train ``model`` (holding the global weights) in place with the configured objective.
 
     ``x``/``y`` are the client's whole local data. ``generator`` (CPU) fixes the batch
-    order, so a run is reproducible from its seed.
+    order and the augmentation draws, so a run is reproducible from its seed.
+    ``augment`` only has an effect on uint8 image data (``mean``/``std`` given); data
+    stored normalised (``mean=None``) pass through unchanged. ``cfg.amp`` enables
+    bfloat16 autocast when ``device`` is CUDA (see the module docstring).
     """
     model.to(device)
-    x = x.to(device, non_blocking=True)
-    y = y.to(device, non_blocking=True)
+    x = to_device(x, device)
+    y = to_device(y, device)
     counts = torch.bincount(y, minlength=num_classes)
     objective: Objective = build_objective(cfg.method, counts, objective_params(cfg))
-    transform = make_batch_transform(mean, std, train=True, augment=augment)
+    transform = make_batch_transform(mean, std, train=True, augment=augment, generator=generator)
+    autocast = autocast_context(device, cfg.amp)
 
     teacher_logits_all = None
     teacher = None
     if objective.needs_teacher:
         teacher = make_teacher(model, cfg.teacher_mode)
-        if cfg.teacher_mode == "eval" and not augment:
+        if cfg.teacher_mode == "eval" and not transform.augments:
             # The teacher is frozen and (eval mode, no augmentation) deterministic per
             # sample: its logits are the same every epoch, so compute them once.
-            teacher_logits_all = _predict_logits(teacher, x, transform, cfg.eval_batch_size)
+            with autocast:
+                teacher_logits_all = _predict_logits(teacher, x, transform, cfg.eval_batch_size)
             teacher = None
 
     # A fresh optimizer every round (momentum does not carry over), as the FedVLS code.
@@ -116,15 +154,16 @@ def train_local(
             idx = order[start : start + cfg.batch_size]
             xb = transform(x[idx])
             yb = y[idx]
-            logits = model(xb)
-            if teacher_logits_all is not None:
-                teacher_logits = teacher_logits_all[idx]
-            elif teacher is not None:
-                with torch.no_grad():
-                    teacher_logits = teacher(xb)
-            else:
-                teacher_logits = None
-            loss, terms = objective(logits, yb, teacher_logits)
+            with autocast:
+                logits = model(xb)
+                if teacher_logits_all is not None:
+                    teacher_logits = teacher_logits_all[idx]
+                elif teacher is not None:
+                    with torch.no_grad():
+                        teacher_logits = teacher(xb)
+                else:
+                    teacher_logits = None
+                loss, terms = objective(logits, yb, teacher_logits)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
