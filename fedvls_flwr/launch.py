@@ -5,12 +5,21 @@ the command and keeps the environment it was started with. Tests, sweeps and ben
 instead start their own SuperLink in a private ``FLWR_HOME`` on free ports, submit runs to
 it, read the run's final status with ``flwr ls`` (``flwr run`` exits 0 even when the run
 failed) and stop every process they started, whole process groups included.
+
+Deployment mode (no ``--simulation``): :meth:`LocalSuperLink.start_supernode` starts real
+``flower-supernode`` processes on 127.0.0.1 (each with its own Runtime API port, its own
+``FLWR_HOME`` and its own ``--node-config``), optionally over TLS (``TlsFiles``) and with
+SuperNode authentication (keys registered with :meth:`LocalSuperLink.register_supernode`,
+i.e. ``flwr supernode register``). :mod:`fedvls_flwr.deploy` is the command-line launcher
+built on it.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -48,6 +57,38 @@ def flower_env(flwr_home: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """Linux: SIGTERM this child when the process that started it dies (even by SIGKILL).
+
+    A safety net only: the launcher still stops every process group it started; this
+    covers the launcher itself being killed before it could.
+    """
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM files for TLS: the CA that signed the SuperLink's certificate, and that certificate."""
+
+    ca_cert: Path
+    server_cert: Path
+    server_key: Path
+
+    @classmethod
+    def in_dir(cls, directory: Path) -> "TlsFiles":
+        """The layout ``python -m fedvls_flwr.deploy certs DIR`` writes."""
+        directory = Path(directory)
+        return cls(directory / "ca.pem", directory / "server.pem", directory / "server.key")
+
+
+def node_config_arg(node_config: dict[str, Any]) -> str:
+    """A dict as the value of ``flower-supernode --node-config`` (TOML values)."""
+    return run_config_arg(node_config)
+
+
 def toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -60,28 +101,61 @@ def run_config_arg(overrides: dict[str, Any]) -> str:
     return " ".join(f"{key}={toml_value(value)}" for key, value in overrides.items())
 
 
+def descendants(pid: int) -> list[int]:
+    """All processes below ``pid`` (from /proc), children first-level to deepest."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
 def stop_process(proc: subprocess.Popen, timeout: float = 15.0) -> None:
-    """SIGTERM the process group ``proc`` leads, then SIGKILL what is left."""
-    if proc.poll() is not None:
-        _kill_group(proc.pid, signal.SIGKILL)
-        return
-    _kill_group(proc.pid, signal.SIGTERM)
+    """Stop ``proc`` and everything it started.
+
+    Flower's SuperLink starts its SuperExec in a new session, and that one starts the
+    simulation and Ray; killing one process group would leave them running. So the whole
+    tree is collected first, then SIGTERM, a grace period, then SIGKILL for what is left.
+    """
+    tree = [proc.pid, *descendants(proc.pid)]
+    for pid in tree:
+        _signal(pid, signal.SIGTERM)
     try:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         pass
-    _kill_group(proc.pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(_alive(pid) for pid in tree[1:]):
+        time.sleep(0.2)
+    for pid in tree + descendants(proc.pid):
+        _signal(pid, signal.SIGKILL)
     try:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
         pass
 
 
-def _kill_group(pgid: int, sig: int) -> None:
+def _signal(pid: int, sig: int) -> None:
     try:
-        os.killpg(pgid, sig)
+        os.kill(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
 
 
 def wait_for_port(port: int, timeout: float, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:
@@ -96,6 +170,17 @@ def wait_for_port(port: int, timeout: float, proc: subprocess.Popen | None = Non
                 return
         time.sleep(0.2)
     raise TimeoutError(f"nothing listened on 127.0.0.1:{port} within {timeout:.0f}s")
+
+
+_RUN_ID = re.compile(r"Successfully started run (\d+)")
+
+
+def _last_json(text: str) -> dict[str, Any]:
+    """The JSON object a ``flwr ... --format json`` command printed (after any log lines)."""
+    start = text.find("{")
+    if start < 0:
+        raise ValueError("no JSON object in the output")
+    return json.JSONDecoder().raw_decode(text[start:])[0]
 
 
 @dataclass
@@ -124,6 +209,9 @@ class LocalSuperLink:
     port: int = 0
     connection: str = "fedvls"
     processes: list[subprocess.Popen] = field(default_factory=list)
+    started_pids: list[int] = field(default_factory=list)  # every PID ever spawned here
+    tls: TlsFiles | None = field(default=None, init=False)
+    insecure: bool = field(default=True, init=False)
 
     def __post_init__(self) -> None:
         self.home = Path(self.home)
@@ -132,7 +220,18 @@ class LocalSuperLink:
         self.env = flower_env(self.home, **self.env_extra)
 
     # ---- lifecycle ------------------------------------------------------------
-    def start(self, insecure: bool = True, timeout: float = 60.0) -> "LocalSuperLink":
+    def start(
+        self, insecure: bool = True, timeout: float = 60.0, *,
+        tls: TlsFiles | None = None, supernode_auth: bool = False,
+    ) -> "LocalSuperLink":
+        """Start the SuperLink; ``tls`` serves every API over TLS (``insecure`` is then
+        ignored), ``supernode_auth`` only admits SuperNodes whose public key was registered."""
+        if tls is not None:
+            insecure = False
+        elif not insecure:
+            raise ValueError("insecure=False needs tls=TlsFiles(...) (see fedvls_flwr.deploy certs)")
+        self.tls = tls
+        self.insecure = insecure
         cmd = [
             str(BIN_DIR / "flower-superlink"),
             "--isolation", "subprocess",
@@ -143,6 +242,14 @@ class LocalSuperLink:
         ]
         if insecure:
             cmd.append("--insecure")
+        else:
+            cmd += [
+                "--ssl-ca-certfile", str(tls.ca_cert),
+                "--ssl-certfile", str(tls.server_cert),
+                "--ssl-keyfile", str(tls.server_key),
+            ]
+        if supernode_auth:
+            cmd.append("--enable-supernode-auth")
         if self.simulation:
             cmd.append("--simulation")
         log = self.home / "superlink.log"
@@ -152,15 +259,22 @@ class LocalSuperLink:
         except BaseException:
             self.stop()
             raise
-        self.write_connection(insecure=insecure)
+        self.write_connection(insecure=insecure, root_certificates=None if tls is None else tls.ca_cert)
         return self
 
-    def spawn(self, cmd: list[str], log: Path) -> subprocess.Popen:
+    def spawn(self, cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
         """Start ``cmd`` in its own process group (so its children can be stopped too)."""
         handle = open(log, "ab")  # noqa: SIM115 - owned by the child for its lifetime
-        proc = subprocess.Popen(cmd, env=self.env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
-        handle.close()
+        preexec = _die_with_parent if sys.platform.startswith("linux") else None
+        try:
+            proc = subprocess.Popen(
+                cmd, env=env or self.env, stdout=handle, stderr=subprocess.STDOUT,
+                start_new_session=True, preexec_fn=preexec,
+            )
+        finally:
+            handle.close()
         self.processes.append(proc)
+        self.started_pids.append(proc.pid)
         return proc
 
     def write_connection(self, insecure: bool = True, root_certificates: Path | None = None) -> None:
@@ -174,10 +288,78 @@ class LocalSuperLink:
             lines.append(f'root-certificates = "{root_certificates}"')
         (self.home / "config.toml").write_text("\n".join(lines) + "\n")
 
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start_supernode(
+        self,
+        name: str,
+        node_config: dict[str, Any] | None = None,
+        *,
+        private_key: Path | None = None,
+        port: int = 0,
+        max_retries: int | None = None,
+        env_extra: dict[str, str] | None = None,
+    ) -> subprocess.Popen:
+        """Start a ``flower-supernode`` connected to this SuperLink (deployment mode).
+
+        Each SuperNode gets its own Runtime API port (``--port``; the ClientApp processes
+        it starts talk to it there), its own ``FLWR_HOME`` (``<home>/<name>``, where Flower
+        unpacks the app) and its log at ``<home>/<name>.log``. TLS follows the SuperLink:
+        ``--root-certificates <CA>`` when it serves TLS, ``--insecure`` otherwise.
+        ``private_key``: an OpenSSH EC private key for SuperNode authentication.
+        """
+        node_home = self.home / name
+        node_home.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            str(BIN_DIR / "flower-supernode"),
+            "--superlink", self.address,
+            "--host", "127.0.0.1", "--port", str(port or free_port()),
+        ]
+        if node_config:
+            cmd += ["--node-config", node_config_arg(node_config)]
+        if self.tls is not None:
+            cmd += ["--root-certificates", str(self.tls.ca_cert)]
+        else:
+            cmd.append("--insecure")
+        if private_key is not None:
+            cmd += ["--auth-supernode-private-key", str(private_key)]
+        if max_retries is not None:
+            cmd += ["--max-retries", str(max_retries)]
+        env = flower_env(node_home, **{**self.env_extra, **(env_extra or {})})
+        return self.spawn(cmd, self.home / f"{name}.log", env=env)
+
+    def register_supernode(self, public_key: Path, name: str | None = None) -> int:
+        """``flwr supernode register``: admit the holder of ``public_key``; returns its node id."""
+        args = ["supernode", "register", str(public_key), self.connection, "--format", "json"]
+        if name:
+            args += ["--name", name]
+        res = self.flwr(*args)
+        try:
+            return int(_last_json(res.stdout)["node-id"])
+        except (ValueError, KeyError, TypeError):
+            raise RuntimeError(
+                f"flwr supernode register {public_key} failed (exit {res.returncode}):\n{res.stdout}\n{res.stderr}"
+            ) from None
+
+    def supernodes(self) -> list[dict[str, Any]]:
+        """``flwr supernode ls`` as a list of dicts (node id, status, ...)."""
+        res = self.flwr("supernode", "ls", self.connection, "--format", "json")
+        try:
+            payload = _last_json(res.stdout)
+        except ValueError:
+            raise RuntimeError(f"flwr supernode ls failed (exit {res.returncode}):\n{res.stdout}\n{res.stderr}") from None
+        return list(payload.get("nodes", []))
+
     def stop(self) -> None:
         for proc in reversed(self.processes):
             stop_process(proc)
         self.processes.clear()
+
+    def alive(self) -> list[int]:
+        """PIDs of started processes that are still running."""
+        return [p.pid for p in self.processes if p.poll() is None]
 
     def __enter__(self) -> "LocalSuperLink":
         return self.start()
@@ -206,6 +388,49 @@ class LocalSuperLink:
             return int(payload["run-id"])
         except (ValueError, KeyError, TypeError):
             raise RuntimeError(f"flwr run failed (exit {res.returncode}):\n{res.stdout}\n{res.stderr}") from None
+
+    def run_streaming(
+        self, app_dir: Path = PROJECT_DIR, run_config: dict[str, Any] | str | None = None,
+        log: Path | None = None, timeout: float = 3600.0, echo: bool = True,
+    ) -> RunOutcome:
+        """``flwr run <app> <connection> --stream``: blocks while the run streams its logs
+        (to ``log`` and, with ``echo``, to this process's stdout), then reads the run's final
+        status with ``flwr ls`` (``flwr run`` exits 0 even when the run failed)."""
+        args = [str(BIN_DIR / "flwr"), "run", str(app_dir), self.connection, "--stream"]
+        if run_config:
+            args += ["--run-config", run_config if isinstance(run_config, str) else run_config_arg(run_config)]
+        log = log or self.home / "flwr-run.log"
+        t0 = time.monotonic()
+        proc = self.spawn(args, log)
+        run_id = None
+        with open(log, "rb") as reader:
+            while True:
+                chunk = reader.read()
+                if chunk:
+                    text = chunk.decode(errors="replace")
+                    if echo:
+                        sys.stdout.write(text)
+                        sys.stdout.flush()
+                    if run_id is None and (m := _RUN_ID.search(log.read_text(errors="replace"))):
+                        run_id = int(m.group(1))
+                    continue
+                if proc.poll() is not None:
+                    break
+                if time.monotonic() - t0 > timeout:
+                    if run_id is not None:
+                        self.flwr("stop", str(run_id), self.connection)
+                    stop_process(proc)
+                    break
+                time.sleep(0.2)
+        self.processes.remove(proc)
+        stop_process(proc)
+        if run_id is None:
+            raise RuntimeError(f"flwr run did not start a run (exit {proc.returncode}):\n{log.read_text()[-4000:]}")
+        # The stream ends when the run finishes; the status can lag a moment behind.
+        outcome = self.wait(run_id, timeout=60.0, poll=0.5)
+        outcome.seconds = time.monotonic() - t0
+        outcome.log = log.read_text(errors="replace")
+        return outcome
 
     def status(self, run_id: int) -> str:
         res = self.flwr("ls", "--run-id", str(run_id), "--format", "json")
