@@ -38,6 +38,15 @@ def to_array_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
     return ArrayRecord({key: Array(np.ascontiguousarray(value)) for key, value in arrays.items()})
 
 
+def short_reason(reason: str, limit: int = 300) -> str:
+    """The client's own exception message out of Ray/Flower's wrapped traceback."""
+    marker = "Message: "
+    if marker in reason:
+        reason = reason.rsplit(marker, 1)[1]
+    reason = reason.strip().strip("'>").strip()
+    return reason if len(reason) <= limit else "..." + reason[-limit:]
+
+
 @dataclass
 class RoundReport:
     """What happened to the clients of one round (written to rounds.jsonl)."""
@@ -121,8 +130,9 @@ class FedVLSStrategy(FedAvg):
         for msg in replies:
             node = str(msg.metadata.src_node_id)
             if msg.has_error():
-                self.report.failed.append({"node": node, "reason": msg.error.reason})
-                log(WARNING, "round %d: node %s failed: %s", server_round, node, msg.error.reason)
+                reason = short_reason(msg.error.reason)
+                self.report.failed.append({"node": node, "reason": reason})
+                log(WARNING, "round %d: node %s failed: %s", server_round, node, reason)
                 continue
             reply, reason = self._parse(node, msg.content)
             if reply is not None and reference is not None:

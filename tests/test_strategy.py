@@ -137,3 +137,11 @@ def test_nan_reply_keeps_the_global_model_finite():
 
     final = FedVLSStrategy(RunConfig(num_server_rounds=1)).run(FakeGrid([11, 12], respond), initial(), on_round_end=lambda *a: None)
     assert all(np.isfinite(v).all() for v in to_numpy_dict(final).values())
+
+
+def test_failure_reason_is_the_clients_own_message():
+    from fedvls_flwr.strategy import short_reason
+
+    wrapped = "<class 'RayTaskError'>:<'Traceback ...\nException ClientAppException occurred. Message: disk full'>"
+    assert short_reason(wrapped) == "disk full"
+    assert short_reason("x" * 1000).startswith("...") and len(short_reason("x" * 1000)) == 303
