@@ -31,11 +31,14 @@ from typing import Any
 
 import yaml
 
-from .config import ConfigError, RunConfig, parse_run_config
+from .config import ConfigError, parse_run_config
 from .launch import PROJECT_DIR, LocalSuperLink
 from .results import SUMMARY_FILE
 
 DEFAULT_FEDERATION = {"num-supernodes": 10, "client-resources-num-cpus": 1}
+# Keys that belong to the simulated federation, not to the app's run config; allowed in
+# `grid`/`variants` so that e.g. the number of clients can be swept.
+FEDERATION_KEYS = ("num-supernodes", "client-resources-num-cpus", "client-resources-num-gpus")
 NAME_KEYS = ("dataset", "method", "partition", "dirichlet-beta", "shards-per-client", "seed")
 
 
@@ -54,17 +57,24 @@ class Preset:
     description: str = ""
 
 
-def run_name(overrides: dict[str, Any]) -> str:
-    """A readable, unique folder name from the settings that vary between runs."""
-    cfg = parse_run_config({k: v for k, v in overrides.items() if k != "run-name"})
+def split_federation(overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(run config, federation settings) of one run's overrides."""
+    run = {k: v for k, v in overrides.items() if k not in FEDERATION_KEYS}
+    return run, {k: v for k, v in overrides.items() if k in FEDERATION_KEYS}
+
+
+def run_name(overrides: dict[str, Any], varying: tuple[str, ...] = ()) -> str:
+    """A readable folder name: dataset, method, skew, seed, plus the ``varying`` keys."""
+    run, federation = split_federation(overrides)
+    cfg = parse_run_config({k: v for k, v in run.items() if k != "run-name"})
     skew = {"dirichlet": f"dir{cfg.dirichlet_beta:g}", "shards": f"shards{cfg.shards_per_client}", "iid": "iid"}
     parts = [cfg.dataset, cfg.method, skew[cfg.partition]]
-    defaults = RunConfig().to_flower()
-    for key in sorted(overrides):
-        if key in NAME_KEYS or key in ("data-dir", "output-dir", "run-name", "download", "device", "resume"):
+    for key in varying:
+        if key in NAME_KEYS or key in FEDERATION_KEYS or key not in run:
             continue
-        if overrides[key] != defaults.get(key) and key not in ("num-server-rounds", "local-epochs"):
-            parts.append(f"{key}{overrides[key]}")
+        parts.append(f"{key}{run[key]}")
+    if "num-supernodes" in federation and "num-supernodes" in varying:
+        parts.append(f"n{federation['num-supernodes']}")
     parts.append(f"s{cfg.seed}")
     return "-".join(str(p).replace("/", "_") for p in parts)
 
@@ -96,10 +106,16 @@ def load_preset(path: Path | str, *, sets: dict[str, Any] | None = None, seeds: 
             if isinstance(overrides.get("data-dir"), str) and not overrides["data-dir"].startswith(("/", "~")):
                 overrides["data-dir"] = str((PROJECT_DIR / overrides["data-dir"]).resolve())
             try:
-                parse_run_config(overrides)
+                parse_run_config(split_federation(overrides)[0])
             except ConfigError as err:
                 raise PresetError(f"preset {path}: run {overrides}: {err}") from None
             runs.append(overrides)
+    varying = tuple(sorted({k for r in runs for k in r if len({repr(x.get(k)) for x in runs}) > 1}))
+    for r in runs:
+        r.setdefault("run-name", run_name(r, varying))
+    names = [r["run-name"] for r in runs]
+    if len(set(names)) != len(names):
+        raise PresetError(f"preset {path}: two runs are identical (same settings); remove the duplicate")
     table = spec.get("table") or {}
     return Preset(
         name=str(spec.get("name") or path.stem),
@@ -118,7 +134,7 @@ def check_data(preset: Preset) -> None:
 
     seen = set()
     for overrides in preset.runs:
-        cfg = parse_run_config(overrides)
+        cfg = parse_run_config(split_federation(overrides)[0])
         key = (cfg.dataset, str(cfg.resolved_data_dir()), cfg.download)
         if key not in seen:
             seen.add(key)
@@ -134,7 +150,7 @@ def run_preset(
     check_data(preset)
     todo, done = [], []
     for overrides in preset.runs:
-        name = overrides.get("run-name") or run_name(overrides)
+        name = overrides["run-name"]
         # resume=true: a run interrupted mid-way continues from its last checkpoint.
         entry = {**overrides, "output-dir": str(output_dir), "run-name": name, "resume": True}
         (done if (output_dir / name / SUMMARY_FILE).exists() else todo).append(entry)
@@ -145,7 +161,8 @@ def run_preset(
             for i, entry in enumerate(todo, 1):
                 t0 = time.perf_counter()
                 log(f"[sweep] ({i}/{len(todo)}) {entry['run-name']} ...")
-                run_id = link.submit(run_config=entry, federation_config=preset.federation)
+                run_config, federation = split_federation(entry)
+                run_id = link.submit(run_config=run_config, federation_config={**preset.federation, **federation})
                 outcome = link.wait(run_id, timeout=timeout)
                 statuses[entry["run-name"]] = outcome.status
                 summary_path = output_dir / entry["run-name"] / SUMMARY_FILE
@@ -193,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     output_dir = Path(args.output_dir) if args.output_dir else Path("~/fedvls-runs").expanduser() / preset.name
     if args.dry_run:
         for overrides in preset.runs:
-            print(run_name(overrides), json.dumps(overrides))
+            print(overrides["run-name"], json.dumps(overrides))
         return 0
     try:
         result = run_preset(preset, output_dir, timeout=args.timeout)

@@ -1,0 +1,36 @@
+"""Every preset in conf/ loads and validates (no SuperLink is started)."""
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from fedvls_flwr.config import parse_run_config
+from fedvls_flwr.sweep import PresetError, load_preset
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+@pytest.mark.parametrize("path", sorted(CONF.glob("*.yaml")), ids=lambda p: p.name)
+def test_yaml_presets_validate(path):
+    preset = load_preset(path)
+    assert preset.runs, f"{path.name} defines no run"
+    names = [r.get("run-name") for r in preset.runs]
+    assert len(names) == len(preset.runs)
+
+
+@pytest.mark.parametrize("path", sorted(CONF.glob("*.toml")), ids=lambda p: p.name)
+def test_toml_run_configs_validate(path):
+    parse_run_config(tomllib.loads(path.read_text()))
+
+
+def test_authors_preset_is_what_spec_says():
+    cfg = parse_run_config(tomllib.loads((CONF / "fedvls-authors.toml").read_text()))
+    assert (cfg.method, cfg.weight_decay, cfg.teacher_mode, cfg.logit_weight) == ("fedvls", 0.0, "train", 0.005)
+
+
+def test_bad_preset_fails_before_anything_starts(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("base: {dataset: digits}\ngrid: {method: [fedavg, fedprox]}\n")
+    with pytest.raises(PresetError, match="'method' = 'fedprox' is not allowed"):
+        load_preset(bad)
