@@ -296,8 +296,10 @@ def _affine_batch(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
 def _apply_colour(op: str, x: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """Apply colour op ``op`` to uint8 ``x`` with per-image values (the factor ``1 + m``
     for blends, the bit count for Posterize, the 0..255 threshold for Solarize)."""
-    v = value.to(device=x.device, dtype=torch.float64).view(-1, 1, 1, 1)
-    return _COLOUR_KERNELS[op](x, v.to(torch.float32), (1.0 - v).to(torch.float32))
+    v = value.to(torch.float64).view(-1, 1, 1, 1)  # CPU; 1 - v in double, as torchvision
+    f = v.to(torch.float32).to(x.device, non_blocking=True)
+    one_minus = (1.0 - v).to(torch.float32).to(x.device, non_blocking=True)
+    return _COLOUR_KERNELS[op](x, f, one_minus)
 
 
 class BatchAutoAugment:
