@@ -11,7 +11,7 @@ from flwr.app import ArrayRecord, MetricRecord, RecordDict
 
 from .config import parse_run_config
 from .models import build_model, default_model
-from .node_data import client_data, dataset_for, node_partition
+from .node_data import dataset_for, node_client_data
 from .strategy import ARRAYS_KEY, CONFIG_KEY, METRICS_KEY
 from .training import evaluate, resolve_device, train_local
 
@@ -47,15 +47,15 @@ def train_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDict:
     config = dict(content[CONFIG_KEY])
     cfg = parse_run_config(config, strict=False)
     server_round = int(config.get("server-round", 0))
-    partition_id, num_partitions = node_partition(node_config)
     if cfg.torch_threads > 0:
         torch.set_num_threads(cfg.torch_threads)
     device = resolve_device(cfg.device)
 
+    data = node_client_data(cfg, node_config)
+    partition_id = data.partition_id
     fault = injected_fault(partition_id, server_round)
     if fault == "raise":
         raise RuntimeError(f"injected fault: partition {partition_id} raises in round {server_round}")
-    data = client_data(cfg, partition_id, num_partitions)
     model = build_model(model_name(cfg), tuple(data.x.shape[1:]), data.num_classes)
     model.load_state_dict(content[ARRAYS_KEY].to_torch_state_dict(), strict=True)
 

@@ -17,6 +17,11 @@ classes; TinyImageNet from its standard folder).  A missing dataset raises
 :class:`DatasetNotFoundError`, whose message names the files looked for and how to get
 them.  Nothing here downloads unless ``download=True``.
 
+Node-local folders (``load_image_folder``): an ImageFolder-style tree
+``root/<class name>/**/*.png|jpg|...`` read into the representation of a named dataset
+(:func:`image_format`), so that a node's own images are interchangeable with that
+dataset's: same size and channels, same normalisation, label ids fixed by a class list.
+
 Loaded bundles are cached per process (keyed on name, resolved data directory and
 ``download``): clients in one process share the same tensors, which therefore must not
 be modified in place.
@@ -40,6 +45,12 @@ import torch
 
 __all__ = [
     "DATASETS",
+    "FOLDER_IMAGE_EXTENSIONS",
+    "FolderImages",
+    "ImageFormat",
+    "image_format",
+    "folder_image_list",
+    "load_image_folder",
     "DatasetBundle",
     "DatasetNotFoundError",
     "load_dataset",
@@ -183,7 +194,9 @@ def _labels(y) -> torch.Tensor:
 # digits (scikit-learn, bundled: no download)
 
 
-def _load_digits(root: Path, download: bool) -> DatasetBundle:
+@functools.lru_cache(maxsize=1)
+def _digits_split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float, float, tuple[str, ...]]:
+    """(images in [0, 1], labels, pool indices, test indices, pool mean, pool std, class names)."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -194,8 +207,12 @@ def _load_digits(root: Path, download: bool) -> DatasetBundle:
     tr, te = train_test_split(
         idx, test_size=DIGITS_TEST_FRACTION, stratify=y, random_state=DIGITS_SPLIT_SEED, shuffle=True
     )
-    mean = float(x[tr].mean())
-    std = float(x[tr].std())
+    names = tuple(str(int(c)) for c in d.target_names)
+    return x, y, tr, te, float(x[tr].mean()), float(x[tr].std()), names
+
+
+def _load_digits(root: Path, download: bool) -> DatasetBundle:
+    x, y, tr, te, mean, std, names = _digits_split()
     xn = (x - mean) / std
     to_t = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).unsqueeze(1)  # noqa: E731
     return DatasetBundle(
@@ -205,7 +222,7 @@ def _load_digits(root: Path, download: bool) -> DatasetBundle:
         test_x=to_t(xn[te]),
         test_y=torch.from_numpy(y[te].copy()),
         num_classes=10,
-        class_names=tuple(str(int(c)) for c in d.target_names),
+        class_names=names,
         input_shape=(1, 8, 8),
         mean=None,
         std=None,
@@ -614,6 +631,164 @@ def _write_tiny_cache(cache: Path, key: str, train_x: np.ndarray, test_x: np.nda
     finally:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
+
+
+# ---------------------------------------------------------------------------
+# Node-local image folders (ImageFolder layout), in a named dataset's representation
+
+FOLDER_IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".ppm", ".pgm", ".tif", ".tiff")
+
+
+@dataclass(frozen=True)
+class ImageFormat:
+    """How dataset ``name`` holds its images, so images from elsewhere can match it.
+
+    ``normalised``: stored float32 as ``(pixel / 255 - mean) / std`` (the grayscale sets;
+    the bundle's ``mean``/``std`` are then ``None``); otherwise stored uint8 and
+    ``mean``/``std`` (per channel, [0, 1] units) are applied per batch by the training code.
+    """
+
+    name: str
+    shape: tuple[int, int, int]  # (C, H, W)
+    num_classes: int
+    normalised: bool
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+
+def image_format(name: str) -> ImageFormat:
+    """The representation of dataset ``name`` (digits needs scikit-learn for its statistics)."""
+    if name == "digits":
+        *_, mean, std, _names = _digits_split()
+        return ImageFormat(name, (1, 8, 8), 10, True, (mean,), (std,))
+    if name in ("mnist", "mnist10k"):
+        return ImageFormat(name, (1, 28, 28), 10, True, (MNIST_MEAN,), (MNIST_STD,))
+    if name == "cifar10":
+        return ImageFormat(name, (3, 32, 32), 10, False, CIFAR10_MEAN, CIFAR10_STD)
+    if name == "cifar100":
+        return ImageFormat(name, (3, 32, 32), 100, False, CIFAR100_MEAN, CIFAR100_STD)
+    if name == "tinyimagenet":
+        s = TINYIMAGENET_SIZE
+        return ImageFormat(name, (3, s, s), 200, False, TINYIMAGENET_MEAN, TINYIMAGENET_STD)
+    raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
+
+
+@dataclass(frozen=True, eq=False)
+class FolderImages:
+    """Images of a folder tree in ``fmt``'s representation; ``y`` indexes ``class_names``."""
+
+    x: torch.Tensor  # float32 (N, C, H, W) normalised, or uint8 (N, C, H, W)
+    y: torch.Tensor  # int64 (N,)
+    class_names: tuple[str, ...]
+    files: tuple[str, ...]  # paths relative to the root, in the order of x
+    mean: tuple[float, ...] | None
+    std: tuple[float, ...] | None
+
+
+def _folder_help(root: Path, classes: tuple[str, ...]) -> str:
+    shown = ", ".join(classes[:5]) + (", ..." if len(classes) > 5 else "")
+    return (
+        f"Expected an ImageFolder-style tree: {root}/<class name>/<image>"
+        f"({'|'.join(e.lstrip('.') for e in FOLDER_IMAGE_EXTENSIONS[:3])}|...), one folder per class "
+        f"of the class list ({shown}); sub-folders inside a class folder are read too."
+    )
+
+
+def folder_image_list(root: Path, classes: tuple[str, ...] | list[str]) -> list[tuple[str, int]]:
+    """``[(path relative to root, label)]`` for every image of the tree, sorted.
+
+    A class of ``classes`` without a folder is a vacant class (no error); a class folder
+    whose name is not in ``classes`` is an error (its label would be undefined). Hidden
+    entries (``.name``) and files directly under ``root`` are ignored.
+    """
+    root = Path(root)
+    classes = tuple(classes)
+    if not classes:
+        raise ValueError("folder dataset: the class list is empty; give classes=\"name0,name1,...\"")
+    if len(set(classes)) != len(classes):
+        twice = sorted({c for c in classes if classes.count(c) > 1})
+        raise ValueError(f"folder dataset: the class list names {', '.join(twice)} more than once")
+    if not root.is_dir():
+        raise DatasetNotFoundError(
+            f"folder dataset not found: {root} does not exist or is not a folder. " + _folder_help(root, classes)
+        )
+    try:
+        folders = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    except OSError as e:
+        raise DatasetNotFoundError(f"folder dataset: cannot list {root}: {e}") from e
+    unknown = [f for f in folders if f not in classes]
+    if unknown:
+        shown = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+        raise ValueError(
+            f"folder dataset {root}: class folder(s) {shown} are not in the class list "
+            f"({len(classes)} names); add them to the list (its order fixes the label ids, "
+            f"so every node must use the same list) or move the folders out"
+        )
+    out: list[tuple[str, int]] = []
+    for label, name in enumerate(classes):
+        base = root / name
+        if not base.is_dir():
+            continue  # vacant class on this node
+        for dirpath, dirnames, filenames in os.walk(base, followlinks=True):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            rel_dir = Path(dirpath).relative_to(root)
+            for fname in sorted(filenames):
+                if not fname.startswith(".") and fname.lower().endswith(FOLDER_IMAGE_EXTENSIONS):
+                    out.append(((rel_dir / fname).as_posix(), label))
+    if not out:
+        raise DatasetNotFoundError(f"folder dataset {root}: no images found. " + _folder_help(root, classes))
+    out.sort()
+    return out
+
+
+def _decode_folder_image(path: Path, size: tuple[int, int], mode: str) -> np.ndarray:
+    from PIL import Image
+
+    with Image.open(path) as im:
+        im = im.convert(mode)
+        if im.size != (size[1], size[0]):
+            im = im.resize((size[1], size[0]), Image.BILINEAR)
+        arr = np.asarray(im, dtype=np.uint8)
+    return arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
+
+
+def load_image_folder(root: Path, classes: tuple[str, ...] | list[str], fmt: ImageFormat) -> FolderImages:
+    """Read an ImageFolder-style tree into ``fmt``'s representation.
+
+    Every image is converted to ``fmt``'s channels (``L`` for 1, ``RGB`` for 3) and
+    resized (bilinear, aspect ratio not kept) to ``fmt``'s height x width, e.g. 8x8 for
+    digits, 28x28 for MNIST, 32x32 for CIFAR, 64x64 for TinyImageNet. Grayscale formats
+    are stored normalised float32 with ``fmt``'s statistics; RGB formats stay uint8 with
+    ``fmt.mean``/``fmt.std`` returned for the training code to apply. Labels are indices
+    into ``classes``.
+    """
+    root = Path(root)
+    classes = tuple(classes)
+    items = folder_image_list(root, classes)
+    channels, height, width = fmt.shape
+    if channels not in (1, 3):
+        raise ValueError(f"folder dataset: {channels} channels are not supported (1 or 3)")
+    mode = "L" if channels == 1 else "RGB"
+    raw = np.empty((len(items), channels, height, width), dtype=np.uint8)
+
+    def work(i: int) -> None:
+        path = root / items[i][0]
+        try:
+            raw[i] = _decode_folder_image(path, (height, width), mode)
+        except Exception as e:  # noqa: BLE001 - PIL raises many types for a bad file
+            raise DatasetNotFoundError(f"folder dataset: cannot read image {path}: {type(e).__name__}: {e}") from e
+
+    workers = max(1, min(8, os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=workers) as ex:  # PIL releases the GIL while decoding
+        list(ex.map(work, range(len(items))))
+    y = torch.tensor([label for _, label in items], dtype=torch.int64)
+    if fmt.normalised:
+        x = torch.from_numpy(raw).to(torch.float32).div_(255.0)
+        mean = torch.tensor(fmt.mean, dtype=torch.float32).view(1, -1, 1, 1)
+        std = torch.tensor(fmt.std, dtype=torch.float32).view(1, -1, 1, 1)
+        x = x.sub_(mean).div_(std).contiguous()
+        return FolderImages(x, y, classes, tuple(r for r, _ in items), None, None)
+    return FolderImages(torch.from_numpy(raw), y, classes, tuple(r for r, _ in items), fmt.mean, fmt.std)
 
 
 _LOADERS = {

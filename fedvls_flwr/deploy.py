@@ -1,0 +1,491 @@
+"""Deployment helpers: TLS certificates and SuperNode keys, and a one-machine launcher.
+
+Two commands (see docs/deployment.md for the step-by-step guide on separate machines)::
+
+    # a CA, a SuperLink certificate for the given hosts/IPs, and one SuperNode key pair per node
+    python -m fedvls_flwr.deploy certs OUT_DIR --host 10.0.0.5 [--host superlink.lab.org] --nodes 2
+
+    # a SuperLink + N SuperNodes on 127.0.0.1 (TLS + SuperNode authentication unless
+    # --insecure), `flwr run . <connection> --stream`, the run's final status, then every
+    # process it started is stopped (also on Ctrl-C, SIGTERM and failures)
+    python -m fedvls_flwr.deploy local --nodes 2 --run-config "num-server-rounds=3"
+
+    # where a round's seconds went, from the timestamped logs of `local --debug-logs`
+    python -m fedvls_flwr.deploy breakdown WORKDIR
+
+The certificates are made with the ``cryptography`` package (a Flower dependency): an EC
+P-256 CA, a server certificate whose subjectAltName lists every ``--host`` (IP addresses
+as IP entries, names as DNS entries), and EC P-384 SuperNode keys in OpenSSH format, the
+format ``flwr supernode register`` and ``flower-supernode --auth-supernode-private-key``
+read. Private keys are written with mode 0600.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import ipaddress
+import json
+import os
+import re
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .launch import PROJECT_DIR, LocalSuperLink, RunOutcome, TlsFiles
+
+__all__ = ["make_certificates", "make_supernode_key", "CertificateSet", "run_local", "main"]
+
+
+# ---------------------------------------------------------------------------
+# certificates and keys
+
+
+@dataclass(frozen=True)
+class CertificateSet:
+    tls: TlsFiles
+    ca_key: Path
+    supernode_keys: dict[str, tuple[Path, Path]]  # name -> (private key, public key)
+
+
+def _write(path: Path, data: bytes, private: bool = False) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if private:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.chmod(path, 0o600)
+    else:
+        path.write_bytes(data)
+
+
+def _san_entries(hosts: list[str]):
+    from cryptography import x509
+
+    entries = []
+    for host in hosts:
+        try:
+            entries.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            entries.append(x509.DNSName(host))
+    return entries
+
+
+def make_certificates(
+    out_dir: Path, hosts: list[str], nodes: list[str] | None = None, days: int = 365
+) -> CertificateSet:
+    """Write ``ca.pem``/``ca.key``, ``server.pem``/``server.key`` (SAN = ``hosts``) and,
+    for every name in ``nodes``, ``supernode-<name>`` + ``supernode-<name>.pub``."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    if not hosts:
+        raise ValueError("give at least one --host (the address SuperNodes and users dial)")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    now = _dt.datetime.now(_dt.timezone.utc) - _dt.timedelta(minutes=5)
+    until = now + _dt.timedelta(days=days)
+
+    def pem_key(key) -> bytes:
+        return key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fedvls-flwr CA")])
+    ca_ski = x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key())
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(until)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False, content_commitment=False, key_encipherment=False,
+                data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
+                encipher_only=False, decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(ca_ski, critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+
+    server_key = ec.generate_private_key(ec.SECP256R1())
+    server_cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
+        .issuer_name(ca_name)
+        .public_key(server_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(until)
+        .add_extension(x509.SubjectAlternativeName(_san_entries(hosts)), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True, content_commitment=False, key_encipherment=True,
+                data_encipherment=False, key_agreement=False, key_cert_sign=False, crl_sign=False,
+                encipher_only=False, decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(server_key.public_key()), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+
+    tls = TlsFiles.in_dir(out)
+    _write(tls.ca_cert, ca_cert.public_bytes(serialization.Encoding.PEM))
+    _write(out / "ca.key", pem_key(ca_key), private=True)
+    _write(tls.server_cert, server_cert.public_bytes(serialization.Encoding.PEM))
+    _write(tls.server_key, pem_key(server_key), private=True)
+    keys = {name: make_supernode_key(out / f"supernode-{name}") for name in (nodes or [])}
+    return CertificateSet(tls, out / "ca.key", keys)
+
+
+def make_supernode_key(path: Path) -> tuple[Path, Path]:
+    """An EC P-384 key pair in OpenSSH format: ``path`` (private, 0600) and ``path.pub``.
+
+    Same as ``ssh-keygen -t ecdsa -b 384 -N "" -f path``.
+    """
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP384R1())
+    path = Path(path)
+    _write(
+        path,
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()),
+        private=True,
+    )
+    pub = path.with_name(path.name + ".pub")
+    _write(pub, key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH) + b"\n")
+    return path, pub
+
+
+# ---------------------------------------------------------------------------
+# the local launcher
+
+
+class _Terminated(BaseException):
+    """SIGTERM/SIGHUP received: unwind (and stop everything) like Ctrl-C does."""
+
+
+def _raise_terminated(signum: int, _frame: Any) -> None:
+    raise _Terminated(signum)
+
+
+def parse_config_string(text: str | None) -> dict[str, Any]:
+    """``"k1=v1 k2='s'"`` (the ``--run-config``/``--node-config`` syntax) -> dict."""
+    if not text:
+        return {}
+    from flwr.common.config import parse_config_args
+
+    return dict(parse_config_args([text]))
+
+
+def node_configs(
+    nodes: int, node_data: list[str] | None, node_dataset: str, classes: str | None,
+    node_config: list[str] | None,
+) -> list[dict[str, Any]]:
+    """One node config per SuperNode: raw ``--node-config`` strings, node-local folders
+    (``--node-data``) or, by default, the partition form ``partition-id=i num-partitions=N``."""
+    if node_config:
+        if len(node_config) != nodes:
+            raise SystemExit(f"--node-config given {len(node_config)} times for --nodes {nodes}; give one per node")
+        return [parse_config_string(text) for text in node_config]
+    if node_data:
+        configs = []
+        for i, directory in enumerate(node_data):
+            config: dict[str, Any] = {
+                "dataset": node_dataset, "data-dir": str(Path(directory).expanduser().resolve()), "partition-id": i,
+            }
+            if classes:
+                config["classes"] = classes
+            configs.append(config)
+        return configs
+    return [{"partition-id": i, "num-partitions": nodes} for i in range(nodes)]
+
+
+def run_local(
+    nodes: int = 2,
+    *,
+    secure: bool = True,
+    auth: bool = True,
+    run_config: dict[str, Any] | None = None,
+    configs: list[dict[str, Any]] | None = None,
+    workdir: Path | None = None,
+    app_dir: Path = PROJECT_DIR,
+    timeout: float = 3600.0,
+    echo: bool = True,
+    env_extra: dict[str, str] | None = None,
+) -> tuple[RunOutcome, Path, list[int]]:
+    """SuperLink + ``nodes`` SuperNodes on 127.0.0.1, one streamed run, everything stopped.
+
+    Returns (outcome, run folder, PIDs of every process started - all stopped by then).
+    """
+    if auth and not secure:
+        raise ValueError("SuperNode authentication needs TLS: drop --insecure or add --no-auth")
+    workdir = Path(workdir or tempfile.mkdtemp(prefix="fedvls-deploy-")).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    configs = configs or [{"partition-id": i, "num-partitions": nodes} for i in range(nodes)]
+    names = [f"node-{i}" for i in range(len(configs))]
+    run_config = {
+        "output-dir": str(workdir / "runs"),
+        "run-name": "deploy",
+        "min-nodes": len(configs),
+        **(run_config or {}),
+    }
+    run_dir = Path(os.path.expanduser(str(run_config["output-dir"]))) / str(run_config["run-name"])
+
+    say = print if echo else (lambda *a, **k: None)
+    link = LocalSuperLink(workdir / "flwr", simulation=False, env_extra=dict(env_extra or {}))
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    for sig in previous:
+        # SIGINT explicitly too: a launcher started in the background inherits it ignored.
+        signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else _raise_terminated)
+    try:
+        certs = None
+        if secure:
+            certs = make_certificates(workdir / "certs", ["127.0.0.1", "localhost"], names if auth else [])
+            say(f"[deploy] certificates and keys in {workdir / 'certs'}")
+        link.start(insecure=not secure, tls=certs.tls if certs else None, supernode_auth=auth)
+        say(f"[deploy] SuperLink on {link.address} ({'TLS' if secure else 'INSECURE'}"
+            f"{', SuperNode authentication' if auth else ''}); logs in {link.home}")
+        for name, config in zip(names, configs):
+            key = None
+            if auth:
+                private, public = certs.supernode_keys[name]
+                node_id = link.register_supernode(public, name=name)
+                say(f"[deploy] registered {name} (node id {node_id})")
+                key = private
+            proc = link.start_supernode(name, config, private_key=key)
+            say(f"[deploy] {name}: pid {proc.pid}, node config {config}")
+        time.sleep(1.0)
+        dead = [(n, p.returncode) for n, p in zip(names, link.processes[1:]) if p.poll() is not None]
+        if dead:
+            raise RuntimeError(f"SuperNode(s) exited at start: {dead}; see the logs in {link.home}")
+        say(f"[deploy] flwr run {app_dir} {link.connection} --stream")
+        outcome = link.run_streaming(app_dir, run_config, log=workdir / "flwr-run.log", timeout=timeout, echo=echo)
+        return outcome, run_dir, list(link.started_pids)
+    finally:
+        link.stop()
+        started = link.started_pids
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        say(f"[deploy] stopped every process started ({len(started)} process trees)")
+
+
+def _report(outcome: RunOutcome, run_dir: Path) -> None:
+    print(f"[deploy] run {outcome.run_id}: {outcome.status} after {outcome.seconds:.1f}s")
+    rounds_file = run_dir / "rounds.jsonl"
+    if not rounds_file.is_file():
+        print(f"[deploy] no results in {run_dir}")
+        return
+    rounds = [json.loads(line) for line in rounds_file.read_text().splitlines() if line.strip()]
+    for r in rounds[1:]:
+        print(
+            f"[deploy] round {r['round']}: accuracy {r.get('accuracy', float('nan')):.4f}, "
+            f"clients {r.get('clients_accepted')}/{r.get('clients_sampled')}, {r.get('seconds', 0.0):.2f}s"
+        )
+        for failure in r.get("failures", []):
+            print(f"[deploy]   node {failure.get('node')}: {failure.get('reason')}")
+    print(f"[deploy] results in {run_dir}")
+
+
+# ---------------------------------------------------------------------------
+# where the seconds of a round go (from FLWR_LOG_LEVEL=DEBUG logs, which carry timestamps)
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_STAMP = re.compile(r"^(DEBUG|INFO|WARNING|ERROR)\s+(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\s*:\s*(.*)$")
+_DATA = re.compile(r"node data: .* in (\d+\.\d+)s")
+_ROUND_START = re.compile(r"round (\d+): training on")
+_ROUND_END = re.compile(r"round (\d+)/\d+: accuracy")
+PHASES = ("pull", "process start", "task + app unpack", "imports", "data", "training", "reply", "server")
+
+
+def _stamped(path: Path) -> list[tuple[float, str]]:
+    out = []
+    for raw in path.read_text(errors="replace").splitlines():
+        m = _STAMP.match(_ANSI.sub("", raw).strip())
+        if m:
+            t = _dt.datetime.strptime(m.group(2), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            out.append((t, m.group(3)))
+    return out
+
+
+def _node_messages(path: Path) -> list[dict[str, float]]:
+    """Per message a SuperNode handled: timestamps of its steps (Flower 1.41 log lines)."""
+    messages, cur = [], None
+    for t, text in _stamped(path):
+        if text.startswith("Receiving:"):
+            cur = {"recv": t}
+        elif cur is None:
+            continue
+        elif text.startswith("Start `flwr-clientapp` process"):
+            cur["proc"] = t
+        elif "Start `ClientApp` Loading" in text:
+            cur["load"] = t
+        elif (m := _DATA.search(text)) and "data_end" not in cur:
+            cur["data_end"], cur["data"] = t, float(m.group(1))
+        elif text.startswith("Runtime.PushMessages"):
+            cur["push"] = t
+        elif text.startswith("Sent successfully"):
+            cur["sent"] = t
+            messages.append(cur)
+            cur = None
+    return messages
+
+
+def breakdown(workdir: Path) -> dict[str, Any]:
+    """Mean seconds per phase of a round, from a ``local --debug-logs`` work folder.
+
+    pull: round start -> the SuperNode pulled the message (it polls every 3 s);
+    process start: -> ``flwr-clientapp`` running (SuperExec's 1 s task poll, a new Python
+    process, Flower's runtime imports); task + app unpack: -> the ClientApp module starts
+    loading; imports: -> our code starts preparing data (``import client_app``: torch,
+    flwr.app, the package); data: as logged by node_data; training: -> reply pushed (model
+    build, local epochs, serialisation); reply: -> the SuperNode sent it (0.5 s poll +
+    upload); server: last reply -> round logged (the ServerApp polls every 3 s, then
+    aggregates and evaluates). Node phases are averaged over nodes; they run in parallel.
+    """
+    home = Path(workdir) / "flwr"
+    run_log = Path(workdir) / "flwr-run.log"
+    starts, ends = {}, {}
+    for t, text in _stamped(run_log):
+        if m := _ROUND_START.search(text):
+            starts[int(m.group(1))] = t
+        elif m := _ROUND_END.search(text):
+            ends[int(m.group(1))] = t
+    nodes = {p.stem: _node_messages(p) for p in sorted(home.glob("node-*.log"))}
+    rounds = []
+    for r in sorted(set(starts) & set(ends)):
+        t0, t1 = starts[r], ends[r]
+        msgs = [m for ms in nodes.values() for m in ms if t0 <= m["recv"] <= t1 and "sent" in m]
+        if not msgs:
+            continue
+        per: dict[str, list[float]] = {k: [] for k in PHASES}
+        for m in msgs:
+            if not {"proc", "load", "push"} <= set(m):
+                continue
+            data_start = m.get("data_end", m["load"]) - m.get("data", 0.0)
+            per["pull"].append(m["recv"] - t0)
+            per["process start"].append(m["proc"] - m["recv"])
+            per["task + app unpack"].append(m["load"] - m["proc"])
+            per["imports"].append(data_start - m["load"])
+            per["data"].append(m.get("data", float("nan")))
+            per["training"].append(m["push"] - m.get("data_end", data_start))
+            per["reply"].append(m["sent"] - m["push"])
+        per["server"].append(t1 - max(m["sent"] for m in msgs))
+        rounds.append({"round": r, "seconds": t1 - t0, **{k: statistics.fmean(v) if v else float("nan") for k, v in per.items()}})
+    return {"rounds": rounds}
+
+
+def _print_breakdown(result: dict[str, Any]) -> None:
+    rounds = result["rounds"]
+    if not rounds:
+        print("no complete round found (run `local` with --debug-logs)")
+        return
+    header = f"{'round':>5} {'seconds':>8} " + " ".join(f"{p:>17}" for p in PHASES)
+    print(header)
+    for r in rounds:
+        print(f"{r['round']:>5} {r['seconds']:>8.2f} " + " ".join(f"{r[p]:>17.2f}" for p in PHASES))
+    mean = {k: statistics.fmean(r[k] for r in rounds) for k in ("seconds", *PHASES)}
+    print(f"{'mean':>5} {mean['seconds']:>8.2f} " + " ".join(f"{mean[p]:>17.2f}" for p in PHASES))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fedvls_flwr.deploy", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("certs", help="make a CA, a SuperLink certificate and SuperNode key pairs")
+    c.add_argument("out_dir", type=Path)
+    c.add_argument("--host", action="append", required=True,
+                   help="IP address or DNS name SuperNodes and users dial to reach the SuperLink (repeat)")
+    c.add_argument("--nodes", type=int, default=0, help="make this many SuperNode key pairs (node-0, node-1, ...)")
+    c.add_argument("--node", action="append", default=[], help="make a SuperNode key pair with this name (repeat)")
+    c.add_argument("--days", type=int, default=365, help="validity of the certificates")
+
+    loc = sub.add_parser("local", help="SuperLink + N SuperNodes on 127.0.0.1, one streamed run, then stop all")
+    loc.add_argument("--nodes", type=int, default=2)
+    loc.add_argument("--insecure", action="store_true", help="no TLS and no SuperNode authentication (explicit opt-out)")
+    loc.add_argument("--tls", action="store_true", help="TLS with generated certificates (the default)")
+    loc.add_argument("--auth", action="store_true", help="SuperNode authentication (the default with TLS)")
+    loc.add_argument("--no-auth", action="store_true", help="TLS without SuperNode authentication")
+    loc.add_argument("--run-config", default="", help="run config overrides, as for flwr run --run-config")
+    loc.add_argument("--node-data", nargs="+", metavar="DIR",
+                     help="node-local data: one folder per SuperNode (sets --nodes)")
+    loc.add_argument("--node-dataset", default="folder",
+                     help="dataset of the --node-data folders: 'folder' (class subfolders) or a dataset name")
+    loc.add_argument("--classes", help="comma-separated class names fixing label ids (folder data)")
+    loc.add_argument("--node-config", action="append", metavar="STR",
+                     help="a SuperNode's raw --node-config (repeat once per node; overrides the above)")
+    loc.add_argument("--workdir", type=Path, help="certificates, Flower homes and logs (default: a new temp folder)")
+    loc.add_argument("--app", type=Path, default=PROJECT_DIR, help="the Flower app folder (default: this project)")
+    loc.add_argument("--timeout", type=float, default=3600.0, help="stop the run after this many seconds")
+    loc.add_argument("--debug-logs", action="store_true",
+                     help="FLWR_LOG_LEVEL=DEBUG everywhere (timestamped logs, for `breakdown`)")
+
+    b = sub.add_parser("breakdown", help="seconds per round and per phase, from a `local --debug-logs` work folder")
+    b.add_argument("workdir", type=Path)
+    b.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+
+    if args.command == "breakdown":
+        result = breakdown(args.workdir)
+        print(json.dumps(result, indent=2)) if args.json else _print_breakdown(result)
+        return 0
+
+    if args.command == "certs":
+        names = [*args.node, *(f"node-{i}" for i in range(args.nodes))]
+        made = make_certificates(args.out_dir, args.host, names, days=args.days)
+        print(f"CA certificate:      {made.tls.ca_cert}   (copy to every SuperNode and user machine)")
+        print(f"CA key:              {made.ca_key}   (keep offline; only needed to sign more certificates)")
+        print(f"SuperLink cert/key:  {made.tls.server_cert} {made.tls.server_key}   (SAN: {', '.join(args.host)})")
+        for name, (private, public) in made.supernode_keys.items():
+            print(f"SuperNode {name}: private {private} (to that SuperNode only), public {public} (flwr supernode register)")
+        return 0
+
+    if args.insecure and (args.tls or args.auth):
+        parser.error("--insecure contradicts --tls/--auth")
+    nodes = len(args.node_data) if args.node_data else args.nodes
+    if nodes < 1:
+        parser.error("--nodes must be >= 1")
+    if args.node_data and args.node_dataset == "folder" and not args.classes:
+        parser.error("--node-data with folder data needs --classes 'name0,name1,...' (fixes the label ids)")
+    configs = node_configs(nodes, args.node_data, args.node_dataset, args.classes, args.node_config)
+    try:
+        outcome, run_dir, _ = run_local(
+            nodes, secure=not args.insecure, auth=not (args.insecure or args.no_auth),
+            run_config=parse_config_string(args.run_config), configs=configs,
+            workdir=args.workdir, app_dir=args.app, timeout=args.timeout,
+            env_extra={"FLWR_LOG_LEVEL": "DEBUG"} if args.debug_logs else None,
+        )
+    except KeyboardInterrupt:
+        print("[deploy] interrupted", file=sys.stderr)
+        return 130
+    except _Terminated as sig:
+        print(f"[deploy] terminated by signal {sig.args[0]}", file=sys.stderr)
+        return 128 + int(sig.args[0])
+    except Exception as err:  # noqa: BLE001 - reported, processes already stopped
+        print(f"[deploy] failed: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
+    _report(outcome, run_dir)
+    return 0 if outcome.completed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""Deployment mode end to end on 127.0.0.1: a real SuperLink and real SuperNodes.
+
+Three runs of 2 rounds of FedVLS on digits (tiny MLP, 1 local epoch): insecure through the
+launcher, TLS + SuperNode authentication with certificates made here (an unregistered key
+is refused), and node-local folder data with different class subsets per node (plus a node
+whose data is missing, which fails with a clear error while the run goes on). Every process
+is started in its own process group and stopped by PID; the tests check none is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from fedvls_flwr.deploy import make_certificates, run_local
+from fedvls_flwr.launch import LocalSuperLink
+from fedvls_flwr.results import read_rounds
+
+pytestmark = pytest.mark.e2e
+
+DIGITS = ",".join(str(i) for i in range(10))
+
+
+def run_config(out: Path, nodes: int) -> dict:
+    return {
+        "dataset": "digits", "method": "fedvls", "num-server-rounds": 2, "local-epochs": 1,
+        "dirichlet-beta": 0.5, "output-dir": str(out), "run-name": "e2e", "min-nodes": nodes,
+        "round-timeout": 300.0,
+    }
+
+
+def leftovers(pids: list[int], tmp_path: Path) -> list[int]:
+    """Live processes we started, or that they started: every Flower process of a test
+    inherits ``FLWR_HOME`` under ``tmp_path`` (the SuperExecs run in sessions of their
+    own, so process groups alone would miss them)."""
+    marker = f"FLWR_HOME={tmp_path}".encode()
+    alive = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if state != "Z" and (int(entry.name) in pids or marker in environ):
+            alive.append(int(entry.name))
+    return alive
+
+
+def check_results(run_dir: Path, accepted: int) -> list[dict]:
+    rounds = read_rounds(run_dir)
+    assert [r["round"] for r in rounds] == [0, 1, 2]
+    for r in rounds[1:]:
+        assert 0.0 <= r["accuracy"] <= 1.0
+        assert r["clients_accepted"] == accepted
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["final_round"] == 2
+    assert (run_dir / "model_final.npz").stat().st_size > 0
+    return rounds
+
+
+def node_env(tmp_path: Path) -> dict[str, str]:
+    return {"FEDVLS_CACHE_DIR": str(tmp_path / "node-cache")}
+
+
+def test_insecure_deployment_two_supernodes(tmp_path):
+    outcome, run_dir, pids = run_local(
+        2, secure=False, auth=False, run_config=run_config(tmp_path / "runs", 2),
+        workdir=tmp_path / "work", timeout=600, echo=False, env_extra=node_env(tmp_path),
+    )
+    assert outcome.completed, f"run ended {outcome.status}\n{outcome.log[-4000:]}"
+    assert len(pids) == 4  # SuperLink, 2 SuperNodes, flwr run
+    assert leftovers(pids, tmp_path) == []
+    rounds = check_results(run_dir, accepted=2)
+    assert rounds[-1]["clients_failed"] == 0
+    # Round 1 prepared each node's partition and cached it; round 2 read the cache.
+    assert len(list((tmp_path / "node-cache").glob("digits-*.npz"))) == 2
+    logs = "".join((tmp_path / "work" / "flwr" / f"node-{i}.log").read_text() for i in range(2))
+    assert logs.count("from the cache") >= 2
+
+
+def test_tls_and_supernode_authentication(tmp_path):
+    certs = make_certificates(tmp_path / "certs", ["127.0.0.1"], ["a", "b", "intruder"])
+    for private, _public in certs.supernode_keys.values():
+        assert oct(private.stat().st_mode & 0o777) == "0o600"
+    link = LocalSuperLink(tmp_path / "flwr", simulation=False, env_extra=node_env(tmp_path))
+    try:
+        link.start(tls=certs.tls, supernode_auth=True)
+        config = (link.home / "config.toml").read_text()
+        assert "insecure" not in config and "root-certificates" in config
+        registered = {name: link.register_supernode(certs.supernode_keys[name][1], name=name) for name in ("a", "b")}
+
+        # A SuperNode whose key was never registered is refused and gives up.
+        intruder = link.start_supernode(
+            "intruder", {"partition-id": 0, "num-partitions": 2},
+            private_key=certs.supernode_keys["intruder"][0], max_retries=1,
+        )
+        intruder.wait(timeout=120)
+        assert intruder.returncode != 0
+        assert "Failed to activate SuperNode" in (link.home / "intruder.log").read_text()
+
+        for i, name in enumerate(("a", "b")):
+            link.start_supernode(
+                name, {"partition-id": i, "num-partitions": 2}, private_key=certs.supernode_keys[name][0]
+            )
+        outcome = link.run_streaming(run_config=run_config(tmp_path / "runs", 2), timeout=600, echo=False)
+        nodes = {int(n["node-id"]): n["status"] for n in link.supernodes()}
+    finally:
+        link.stop()
+    assert outcome.completed, f"run ended {outcome.status}\n{outcome.log[-4000:]}"
+    assert set(nodes) == set(registered.values())  # only the registered ones ever joined
+    assert leftovers(link.started_pids, tmp_path) == []
+    check_results(tmp_path / "runs" / "e2e", accepted=2)
+
+
+def write_digit_folder(root: Path, classes: list[int], per_class: int = 25) -> None:
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    for c in classes:
+        (root / str(c)).mkdir(parents=True, exist_ok=True)
+        for k, img in enumerate(d.images[d.target == c][:per_class]):
+            Image.fromarray(np.rint(img / 16 * 255).astype(np.uint8), mode="L").save(root / str(c) / f"{k}.png")
+
+
+def test_node_local_folder_data_with_vacant_classes(tmp_path):
+    write_digit_folder(tmp_path / "site-a", [0, 1, 2, 3, 4, 5])
+    write_digit_folder(tmp_path / "site-b", [4, 5, 6, 7, 8, 9])
+    missing = tmp_path / "site-c-not-mounted"
+    configs = [
+        {"dataset": "folder", "data-dir": str(tmp_path / "site-a"), "classes": DIGITS, "partition-id": 0},
+        {"dataset": "folder", "data-dir": str(tmp_path / "site-b"), "classes": DIGITS, "partition-id": 1},
+        {"dataset": "folder", "data-dir": str(missing), "classes": DIGITS, "partition-id": 2},
+    ]
+    outcome, run_dir, pids = run_local(
+        3, secure=False, auth=False, run_config=run_config(tmp_path / "runs", 3), configs=configs,
+        workdir=tmp_path / "work", timeout=600, echo=False, env_extra=node_env(tmp_path),
+    )
+    assert outcome.completed, f"run ended {outcome.status}\n{outcome.log[-4000:]}"
+    assert leftovers(pids, tmp_path) == []
+    rounds = check_results(run_dir, accepted=2)
+    for r in rounds[1:]:
+        # The node without data answered with an error naming the path; the others went on.
+        assert r["clients_failed"] == 1
+        assert str(missing) in r["failures"][0]["reason"] and "not found" in r["failures"][0]["reason"]
+    clients = {c["partition_id"]: c["class_counts"] for c in json.loads((run_dir / "clients.json").read_text())["clients"]}
+    assert clients[0] == [25] * 6 + [0] * 4
+    assert clients[1] == [0] * 4 + [25] * 6
+    node_c_log = (tmp_path / "work" / "flwr" / "node-2.log").read_text()
+    assert "folder dataset not found" in node_c_log

@@ -1,0 +1,272 @@
+"""A node's data from its --node-config: partition form, node-local folders, the disk cache."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from fedvls_flwr import data as D
+from fedvls_flwr import node_data as N
+from fedvls_flwr.config import parse_run_config
+
+DIGIT_CLASSES = ",".join(str(i) for i in range(10))
+
+
+@pytest.fixture(autouse=True)
+def fresh_process_state(monkeypatch, tmp_path):
+    """Each test starts like a fresh ClientApp process, with its own cache folder."""
+    monkeypatch.setenv("FEDVLS_CACHE_DIR", str(tmp_path / "cache"))
+    N._LOADED.clear()
+    N._local_in_memory.cache_clear()
+    yield
+    N._LOADED.clear()
+    N._local_in_memory.cache_clear()
+
+
+def fresh_process() -> None:
+    N._LOADED.clear()
+    N._local_in_memory.cache_clear()
+
+
+def cfg_for(**overrides):
+    return parse_run_config({"dirichlet-beta": 0.5, **overrides})
+
+
+def write_digit_folder(root, classes, per_class=None, size=None):
+    """Digits pool images as 8-bit grayscale PNGs in root/<class>/<i>.png; returns (x01, y) written."""
+    x, y, tr, _te, *_ = D._digits_split()
+    written_x, written_y = [], []
+    for c in classes:
+        idx = [i for i in tr if y[i] == c][:per_class]
+        (root / str(c)).mkdir(parents=True, exist_ok=True)
+        for k, i in enumerate(idx):
+            arr = np.rint(x[i] * 255).astype(np.uint8)
+            img = Image.fromarray(arr, mode="L")
+            if size:
+                img = img.resize(size, Image.NEAREST)
+            img.save(root / str(c) / f"{k:04d}.png")
+            written_x.append(arr)
+            written_y.append(c)
+    return np.stack(written_x), np.array(written_y)
+
+
+# ---------------------------------------------------------------------------
+# partition form
+
+
+def test_partition_form_matches_client_data_and_caches(tmp_path, monkeypatch):
+    cfg = cfg_for()
+    direct = N.client_data(cfg, 1, 3)
+    fresh_process()
+    got = N.node_client_data(cfg, {"partition-id": 1, "num-partitions": 3})
+    assert torch.equal(got.x, direct.x) and torch.equal(got.y, direct.y)
+    assert got.partition_id == 1 and got.num_classes == 10 and got.test_x is None
+    files = list((tmp_path / "cache").glob("*.npz"))
+    assert len(files) == 1
+
+    # A new process reads the cache and never loads the dataset.
+    fresh_process()
+    monkeypatch.setattr(N, "load_dataset", lambda *a, **k: pytest.fail("dataset loaded despite the cache"))
+    again = N.node_client_data(cfg, {"partition-id": 1, "num-partitions": 3})
+    assert torch.equal(again.x, direct.x) and torch.equal(again.y, direct.y)
+    assert again.partition_id == 1 and again.mean is None
+
+
+def test_partition_cache_invalidated_by_settings(tmp_path):
+    node = {"partition-id": 0, "num-partitions": 2}
+    a = N.node_client_data(cfg_for(seed=0), node)
+    fresh_process()
+    b = N.node_client_data(cfg_for(seed=1), node)
+    assert not torch.equal(a.y, b.y) or not torch.equal(a.x, b.x)
+    # One file per node identity: the stale one was replaced.
+    assert len(list((tmp_path / "cache").glob("*.npz"))) == 1
+    fresh_process()
+    c = N.node_client_data(cfg_for(seed=1), node)
+    assert torch.equal(c.x, b.x)
+
+
+def test_cache_can_be_turned_off_and_moved(tmp_path):
+    N.node_client_data(cfg_for(), {"partition-id": 0, "num-partitions": 2, "cache-dir": ""})
+    assert not (tmp_path / "cache").exists()
+    fresh_process()
+    N.node_client_data(cfg_for(), {"partition-id": 0, "num-partitions": 2, "cache-dir": str(tmp_path / "elsewhere")})
+    assert len(list((tmp_path / "elsewhere").glob("*.npz"))) == 1
+
+
+def test_in_memory_dataset_skips_disk_cache(tmp_path):
+    """A process that already holds the dataset (simulation actor) slices it directly."""
+    cfg = cfg_for()
+    N.dataset_for(cfg)
+    N.node_client_data(cfg, {"partition-id": 0, "num-partitions": 4})
+    assert not (tmp_path / "cache").exists()
+
+
+def test_test_fraction_is_a_stratified_disjoint_split():
+    cfg = cfg_for()
+    whole = N.client_data(cfg, 0, 2)
+    fresh_process()
+    got = N.node_client_data(cfg, {"partition-id": 0, "num-partitions": 2, "test-fraction": 0.25})
+    assert got.test_x is not None and got.test_y is not None
+    assert got.num_examples + got.test_y.shape[0] == whole.num_examples
+    counts = np.bincount(whole.y.numpy(), minlength=10)
+    test_counts = np.bincount(got.test_y.numpy(), minlength=10)
+    assert (test_counts == np.floor(0.25 * counts)).all()
+    # Disjoint and complete: the multiset of rows is the partition's.
+    rows = lambda t: sorted(map(tuple, t.reshape(t.shape[0], -1).numpy().round(5).tolist()))  # noqa: E731
+    assert rows(torch.cat([got.x, got.test_x])) == rows(whole.x)
+    # Stable: the same split from the cache.
+    fresh_process()
+    again = N.node_client_data(cfg, {"partition-id": 0, "num-partitions": 2, "test-fraction": 0.25})
+    assert torch.equal(again.test_y, got.test_y) and torch.equal(again.x, got.x)
+
+
+# ---------------------------------------------------------------------------
+# node config errors
+
+
+@pytest.mark.parametrize(
+    ("node_config", "message"),
+    [
+        ({}, "lacks 'partition-id'"),
+        ({"partition-id": 0}, "lacks 'num-partitions'"),
+        ({"partition-id": 2, "num-partitions": 2}, "outside 0..1"),
+        ({"data_dir": "/x"}, "did you mean 'data-dir'"),
+        ({"dataset": "folder"}, "needs data-dir"),
+        ({"dataset": "folder", "data-dir": "/x"}, "needs the class list"),
+        ({"dataset": "imagenet", "data-dir": "/x"}, "not known"),
+        ({"dataset": "folder", "data-dir": "/x", "classes": "a", "num-partitions": 2}, "mixes"),
+        ({"partition-id": 0, "num-partitions": 2, "test-fraction": 1.0}, "test-fraction"),
+        ({"dataset": "folder", "data-dir": "/x", "classes": "a,,b"}, "empty class name"),
+        ({"dataset": "folder", "data-dir": "/x", "classes": "a,b,a"}, "more than once"),
+    ],
+)
+def test_node_config_errors_are_clear(node_config, message):
+    with pytest.raises(ValueError, match=message):
+        N.node_client_data(cfg_for(), node_config)
+
+
+def test_node_partition_keeps_working():
+    assert N.node_partition({"partition-id": 3, "num-partitions": 5}) == (3, 5)
+    with pytest.raises(ValueError, match="partition-id=<i> num-partitions=<n>"):
+        N.node_partition({})
+
+
+# ---------------------------------------------------------------------------
+# node-local folders
+
+
+def test_folder_data_with_vacant_classes_matches_the_run_representation(tmp_path):
+    root = tmp_path / "site-a"
+    x01, y = write_digit_folder(root, [1, 3, 7], per_class=5)
+    cfg = cfg_for()
+    node = {"dataset": "folder", "data-dir": str(root), "classes": DIGIT_CLASSES, "partition-id": 4}
+    got = N.node_client_data(cfg, node)
+    assert got.num_classes == 10 and got.partition_id == 4
+    assert tuple(got.x.shape) == (15, 1, 8, 8) and got.x.dtype == torch.float32 and got.mean is None
+    assert np.bincount(got.y.numpy(), minlength=10).tolist() == [0, 5, 0, 5, 0, 0, 0, 5, 0, 0]
+    # Same normalisation as the digits bundle (up to 8-bit quantisation of the PNGs).
+    fmt = D.image_format("digits")
+    expected = (torch.from_numpy(x01).float() / 255 - fmt.mean[0]) / fmt.std[0]
+    assert torch.allclose(got.x[:, 0], expected, atol=1e-5)
+    bundle = D.load_dataset("digits", ".")
+    first = bundle.train_x[bundle.train_y == 1][0, 0]
+    assert torch.allclose(got.x[got.y == 1][0, 0], first, atol=0.5 / 255 / fmt.std[0] + 1e-5)
+
+
+def test_folder_cache_hit_and_invalidation(tmp_path, monkeypatch, caplog):
+    root = tmp_path / "site"
+    write_digit_folder(root, [0, 2], per_class=3)
+    node = {"dataset": "folder", "data-dir": str(root), "classes": DIGIT_CLASSES}
+    first = N.node_client_data(cfg_for(), node)
+    assert first.num_examples == 6
+
+    fresh_process()
+    real_loader = N.load_image_folder
+    monkeypatch.setattr(N, "load_image_folder", lambda *a, **k: pytest.fail("re-read despite the cache"))
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        hit = N.node_client_data(cfg_for(), node)
+    assert torch.equal(hit.x, first.x) and "from the cache" in caplog.text
+    assert hit.partition_id == first.partition_id  # stable derived site id
+
+    # A new image changes the key: rebuilt, and the stale file removed.
+    monkeypatch.setattr(N, "load_image_folder", real_loader)
+    write_digit_folder(root, [5], per_class=2)
+    fresh_process()
+    more = N.node_client_data(cfg_for(), node)
+    assert more.num_examples == 8
+    assert len(list((tmp_path / "cache").glob("*.npz"))) == 1
+
+
+def test_folder_rgb_resized_to_the_run_format(tmp_path):
+    root = tmp_path / "rgb"
+    (root / "cat").mkdir(parents=True)
+    (root / "dog").mkdir()
+    rng = np.random.default_rng(0)
+    for k in range(3):
+        Image.fromarray(rng.integers(0, 255, (30, 40, 3), dtype=np.uint8)).save(root / "cat" / f"{k}.jpg")
+    Image.fromarray(rng.integers(0, 255, (64, 64), dtype=np.uint8), mode="L").save(root / "dog" / "g.png")
+    classes = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+    got = N.node_client_data(
+        cfg_for(dataset="cifar10"), {"dataset": "folder", "data-dir": str(root), "classes": ",".join(classes)}
+    )
+    assert got.x.dtype == torch.uint8 and tuple(got.x.shape) == (4, 3, 32, 32)
+    assert got.mean == D.CIFAR10_MEAN and got.std == D.CIFAR10_STD
+    assert sorted(got.y.tolist()) == [3, 3, 3, 5]
+
+
+def test_folder_errors_name_the_problem(tmp_path):
+    cfg = cfg_for()
+    missing = tmp_path / "nowhere"
+    with pytest.raises(D.DatasetNotFoundError, match=f"{missing} does not exist"):
+        N.node_client_data(cfg, {"dataset": "folder", "data-dir": str(missing), "classes": DIGIT_CLASSES})
+
+    root = tmp_path / "site"
+    write_digit_folder(root, [0], per_class=2)
+    (root / "eleven").mkdir()
+    with pytest.raises(ValueError, match="class folder\\(s\\) eleven are not in the class list"):
+        N.node_client_data(cfg, {"dataset": "folder", "data-dir": str(root), "classes": DIGIT_CLASSES})
+    (root / "eleven").rmdir()
+
+    with pytest.raises(ValueError, match="classes lists 3 names but the run's model"):
+        N.node_client_data(cfg, {"dataset": "folder", "data-dir": str(root), "classes": "0,1,2"})
+
+    (root / "0" / "broken.png").write_bytes(b"not an image")
+    with pytest.raises(D.DatasetNotFoundError, match="cannot read image .*broken.png"):
+        N.node_client_data(cfg, {"dataset": "folder", "data-dir": str(root), "classes": DIGIT_CLASSES})
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(D.DatasetNotFoundError, match="no images found"):
+        N.node_client_data(cfg, {"dataset": "folder", "data-dir": str(empty), "classes": DIGIT_CLASSES})
+
+
+def test_classes_file(tmp_path):
+    root = tmp_path / "site"
+    write_digit_folder(root, [9], per_class=2)
+    names = tmp_path / "classes.txt"
+    names.write_text("# label order\n" + "\n".join(str(i) for i in range(10)) + "\n")
+    got = N.node_client_data(cfg_for(), {"dataset": "folder", "data-dir": str(root), "classes-file": str(names)})
+    assert got.y.tolist() == [9, 9]
+
+
+def test_named_dataset_node_local(tmp_path):
+    got = N.node_client_data(cfg_for(), {"dataset": "digits", "data-dir": str(tmp_path), "partition-id": 2})
+    bundle = D.load_dataset("digits", ".")
+    assert torch.equal(got.x, bundle.train_x) and got.partition_id == 2
+    with pytest.raises(ValueError, match="do not fit the run's model"):
+        N.node_client_data(cfg_for(dataset="mnist10k"), {"dataset": "digits", "data-dir": str(tmp_path)})
+    with pytest.raises(D.DatasetNotFoundError, match="cifar10 not found"):
+        N.node_client_data(cfg_for(dataset="cifar10"), {"dataset": "cifar10", "data-dir": str(tmp_path)})
+
+
+def test_image_format_table_matches_the_loaders():
+    fmt = D.image_format("digits")
+    bundle = D.load_dataset("digits", ".")
+    assert fmt.shape == bundle.input_shape and fmt.num_classes == bundle.num_classes and fmt.normalised
+    for name, shape, k in [("mnist10k", (1, 28, 28), 10), ("cifar100", (3, 32, 32), 100), ("tinyimagenet", (3, 64, 64), 200)]:
+        f = D.image_format(name)
+        assert (f.shape, f.num_classes) == (shape, k)
