@@ -1,9 +1,9 @@
-"""Flower ClientApp entry point (thin): one local training round per message."""
+"""Flower ClientApp entry point (thin): one local training round, or one evaluation, per message."""
 
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from fedvls_flwr.client import train_round
+from fedvls_flwr.client import evaluate_round, train_round
 
 app = ClientApp()
 
@@ -11,3 +11,8 @@ app = ClientApp()
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     return Message(content=train_round(msg.content, dict(context.node_config)), reply_to=msg)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    return Message(content=evaluate_round(msg.content, dict(context.node_config)), reply_to=msg)

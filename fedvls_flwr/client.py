@@ -82,3 +82,33 @@ def train_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDict:
     if fault == "nan":
         state = {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v for k, v in state.items()}
     return RecordDict({ARRAYS_KEY: ArrayRecord(state), METRICS_KEY: MetricRecord(metrics)})
+
+
+def evaluate_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDict:
+    """Federated evaluation: the received global model on this node's local test split.
+
+    Replies per-class correct/total counts so the server can pool them exactly; a node
+    without a local test split (node config test-fraction = 0) replies num-examples 0.
+    """
+    cfg = parse_run_config(dict(content[CONFIG_KEY]), strict=False)
+    if cfg.torch_threads > 0:
+        torch.set_num_threads(cfg.torch_threads)
+    data = node_client_data(cfg, node_config)
+    metrics: dict[str, Any] = {"num-examples": 0, "partition-id": data.partition_id}
+    if data.test_x is not None and data.test_y.numel() > 0:
+        device = resolve_device(cfg.device)
+        model = build_model(model_name(cfg), tuple(data.x.shape[1:]), data.num_classes)
+        model.load_state_dict(content[ARRAYS_KEY].to_torch_state_dict(), strict=True)
+        res = evaluate(
+            model, data.test_x, data.test_y, data.num_classes, device=device,
+            batch_size=cfg.eval_batch_size, mean=data.mean, std=data.std,
+        )
+        total = torch.bincount(data.test_y, minlength=data.num_classes)
+        correct = [0 if n == 0 else round(a * n) for a, n in zip(res.per_class_accuracy, total.tolist())]
+        metrics.update({
+            "num-examples": res.num_examples,
+            "loss-sum": res.loss * res.num_examples,
+            "correct-per-class": correct,
+            "total-per-class": [int(n) for n in total.tolist()],
+        })
+    return RecordDict({METRICS_KEY: MetricRecord(metrics)})

@@ -21,6 +21,7 @@ PARTITIONS = ("dirichlet", "shards", "iid")
 MODELS = ("auto", "mlp", "logreg", "mobilenetv2", "resnet18", "resnet18-imagenet", "resnet32")
 DEVICES = ("auto", "cpu", "cuda")
 TEACHER_MODES = ("eval", "train")
+EVALUATIONS = ("auto", "server", "federated")
 FEDLC_FORMS = ("standard", "paper")
 
 
@@ -59,6 +60,10 @@ class RunConfig:
     device: str = "auto"
     torch_threads: int = 1
     eval_batch_size: int = 1024
+    # Where the global model is evaluated: "server" (the run dataset's test split on the
+    # server), "federated" (each node's local held-out split, node config test-fraction,
+    # weighted by size), "auto" = server when the server has the test split, else federated.
+    evaluation: str = "auto"
     # Training-time augmentation (random crop pad 4 + horizontal flip + per-sample
     # AutoAugment CIFAR10 policy, see augment.py). Applies only to the uint8 image
     # datasets (cifar10, cifar100, tinyimagenet: bundles with mean/std); the MNIST-like
@@ -194,6 +199,7 @@ def validate(cfg: RunConfig) -> None:
     _choice("device", cfg.device, DEVICES)
     _choice("teacher-mode", cfg.teacher_mode, TEACHER_MODES)
     _choice("fedlc-form", cfg.fedlc_form, FEDLC_FORMS)
+    _choice("evaluation", cfg.evaluation, EVALUATIONS)
     _check(cfg.dirichlet_beta > 0, "dirichlet-beta", cfg.dirichlet_beta, "> 0 (e.g. 0.5, 0.1, 0.05)")
     _check(cfg.shards_per_client >= 1, "shards-per-client", cfg.shards_per_client, ">= 1")
     _check(cfg.min_partition_size >= 1, "min-partition-size", cfg.min_partition_size, ">= 1")

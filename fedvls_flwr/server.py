@@ -21,6 +21,7 @@ from .client import model_name
 from .config import ConfigError, RunConfig
 from .diagnostics import local_update_view
 from .models import build_model
+from .data import DatasetNotFoundError, image_format
 from .node_data import dataset_for
 from .results import (
     CHECKPOINT_FILE, CONFIG_FILE, STATE_FILE, RunWriter, atomic_write_json, load_arrays, read_rounds, summarize,
@@ -65,33 +66,42 @@ def run_experiment(grid: Grid, cfg: RunConfig) -> Path:
     t_start = time.perf_counter()
     run_dir = run_dir_for(cfg)
     start_round, saved_arrays, saved_rounds = _resume_point(cfg, run_dir)
-    bundle = dataset_for(cfg)
+    bundle = server_test_set(cfg)
+    evaluation = "server" if bundle is not None else "federated"
+    fmt = image_format(cfg.dataset)
     device = resolve_device("cpu" if cfg.device == "cpu" else "auto")
     torch.manual_seed(cfg.seed)
-    model = build_model(model_name(cfg), tuple(bundle.input_shape), bundle.num_classes)
+    model = build_model(model_name(cfg), tuple(fmt.shape), fmt.num_classes)
     writer = RunWriter(run_dir)
     writer.rounds = saved_rounds
     atomic_write_json(run_dir / CONFIG_FILE, cfg.to_flower())
-    log(INFO, "fedvls: %s on %s (%s), results in %s", cfg.method, cfg.dataset, model_name(cfg), run_dir)
+    log(INFO, "fedvls: %s on %s (%s), %s evaluation, results in %s",
+        cfg.method, cfg.dataset, model_name(cfg), evaluation, run_dir)
+    strategy = FedVLSStrategy(cfg)
 
-    def evaluate_global(arrays: ArrayRecord) -> dict:
+    def evaluate_global(arrays: ArrayRecord, server_round: int = 0) -> dict:
+        if bundle is None:
+            return {**strategy.evaluate_federated(grid, arrays, server_round), "evaluation": "federated"}
         model.load_state_dict(arrays.to_torch_state_dict())
         res = evaluate(
             model, bundle.test_x, bundle.test_y, bundle.num_classes, device=device,
             batch_size=cfg.eval_batch_size, mean=bundle.mean, std=bundle.std,
         )
-        return {"accuracy": res.accuracy, "loss": res.loss, "per_class_accuracy": res.per_class_accuracy}
+        return {
+            "accuracy": res.accuracy, "loss": res.loss, "per_class_accuracy": res.per_class_accuracy,
+            "evaluation": "server",
+        }
 
     clients: dict[int, list[int]] = {}
 
     def on_round_end(server_round: int, arrays: ArrayRecord, report: RoundReport) -> None:
         t_eval = time.perf_counter()
         previous_global = writer.rounds[-1]["per_class_accuracy"] if writer.rounds else None
-        metrics = evaluate_global(arrays)
+        metrics = evaluate_global(arrays, server_round)
         new = {c["partition_id"]: c["class_counts"] for c in report.clients if "partition_id" in c}
         if any(pid not in clients for pid in new):
             clients.update(new)
-            writer.write_clients(bundle.num_classes, clients)
+            writer.write_clients(fmt.num_classes, clients)
         record = {
             "round": server_round,
             **metrics,
@@ -117,8 +127,8 @@ def run_experiment(grid: Grid, cfg: RunConfig) -> Path:
         writer.save_checkpoint(to_numpy_dict(arrays))
         atomic_write_json(run_dir / STATE_FILE, {"round": server_round})
         log(
-            INFO, "round %d/%d: accuracy %.4f  loss %.4f  train-loss %s  clients %d/%d  %.2fs",
-            server_round, cfg.num_server_rounds, metrics["accuracy"], metrics["loss"],
+            INFO, "round %d/%d: accuracy %s  loss %s  train-loss %s  clients %d/%d  %.2fs",
+            server_round, cfg.num_server_rounds, _fmt(metrics["accuracy"]), _fmt(metrics["loss"]),
             f"{report.train_metrics.get('train-loss', float('nan')):.4f}",
             report.accepted, report.sampled, record["seconds"],
         )
@@ -129,7 +139,6 @@ def run_experiment(grid: Grid, cfg: RunConfig) -> Path:
     else:
         initial = to_array_record(saved_arrays)
         log(INFO, "fedvls: resuming after round %d of %d", start_round, cfg.num_server_rounds)
-    strategy = FedVLSStrategy(cfg)
     try:
         final = strategy.run(grid, initial, on_round_end=on_round_end, start_round=start_round + 1)
     except Exception as err:
@@ -139,10 +148,28 @@ def run_experiment(grid: Grid, cfg: RunConfig) -> Path:
     summary = _summary(cfg, run_dir, bundle, writer, t_start, status="completed", resumed_after_round=start_round)
     writer.write_summary(summary)
     log(
-        INFO, "fedvls: done - best accuracy %.4f (round %s), final %.4f; %s",
-        summary["best_accuracy"], summary["best_round"], summary["final_accuracy"], run_dir,
+        INFO, "fedvls: done - best accuracy %s (round %s), final %s; %s",
+        _fmt(summary["best_accuracy"]), summary["best_round"], _fmt(summary["final_accuracy"]), run_dir,
     )
     return run_dir
+
+
+def _fmt(value) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
+
+
+def server_test_set(cfg: RunConfig):
+    """The run dataset (with its test split) when the server has it, per ``evaluation``."""
+    if cfg.evaluation == "federated":
+        return None
+    try:
+        return dataset_for(cfg)
+    except DatasetNotFoundError as err:
+        if cfg.evaluation == "server":
+            raise
+        log(WARNING, "fedvls: the server has no %s test set (%s); evaluating on the nodes' "
+            "local test splits instead (node config test-fraction)", cfg.dataset, str(err).splitlines()[0])
+        return None
 
 
 def _summary(cfg: RunConfig, run_dir: Path, bundle, writer: RunWriter, t_start: float, **extra) -> dict:
@@ -150,8 +177,9 @@ def _summary(cfg: RunConfig, run_dir: Path, bundle, writer: RunWriter, t_start: 
         "config": cfg.to_flower(),
         "run_dir": str(run_dir),
         "model": model_name(cfg),
-        "num_train_pool": int(bundle.train_y.shape[0]),
-        "num_test": int(bundle.test_y.shape[0]),
+        "evaluation": "server" if bundle is not None else "federated",
+        "num_train_pool": None if bundle is None else int(bundle.train_y.shape[0]),
+        "num_test": None if bundle is None else int(bundle.test_y.shape[0]),
         **summarize(writer.rounds),
         "rounds_completed": max((r["round"] for r in writer.rounds), default=0),
         "wall_seconds": time.perf_counter() - t_start,

@@ -38,13 +38,13 @@ def to_array_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
     return ArrayRecord({key: Array(np.ascontiguousarray(value)) for key, value in arrays.items()})
 
 
-def short_reason(reason: str, limit: int = 300) -> str:
+def short_reason(reason: str, limit: int = 600) -> str:
     """The client's own exception message out of Ray/Flower's wrapped traceback."""
     marker = "Message: "
     if marker in reason:
         reason = reason.rsplit(marker, 1)[1]
     reason = reason.strip().strip("'>").strip()
-    return reason if len(reason) <= limit else "..." + reason[-limit:]
+    return reason if len(reason) <= limit else reason[:limit] + "..."
 
 
 @dataclass
@@ -62,6 +62,25 @@ class RoundReport:
     drift_diversity: float = float("nan")
     attempts: int = 0
     seconds: float = 0.0
+
+
+def pool_evaluations(replies: list[dict]) -> dict:
+    """Sum per-class correct/total counts of the nodes' evaluations (sample-weighted)."""
+    usable = [r for r in replies if r.get("num-examples", 0) > 0 and "total-per-class" in r]
+    if not usable:
+        return {"accuracy": None, "loss": None, "per_class_accuracy": None, "eval_nodes": 0, "eval_examples": 0}
+    correct = np.sum([np.asarray(r["correct-per-class"], dtype=np.float64) for r in usable], axis=0)
+    total = np.sum([np.asarray(r["total-per-class"], dtype=np.float64) for r in usable], axis=0)
+    n = float(total.sum())
+    with np.errstate(invalid="ignore", divide="ignore"):
+        per_class = np.where(total > 0, correct / np.maximum(total, 1), np.nan)
+    return {
+        "accuracy": float(correct.sum() / n),
+        "loss": float(sum(r["loss-sum"] for r in usable) / n),
+        "per_class_accuracy": [float(v) for v in per_class],
+        "eval_nodes": len(usable),
+        "eval_examples": int(n),
+    }
 
 
 class RoundFailedError(RuntimeError):
@@ -182,6 +201,19 @@ class FedVLSStrategy(FedAvg):
         metrics.pop("partition-id", None)  # identity, not a quantity to average
         scalars = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
         return Reply(node, to_numpy_dict(content[ARRAYS_KEY]), num_examples, scalars), None
+
+    # ---- federated evaluation ------------------------------------------------
+    def evaluate_federated(self, grid: Grid, arrays: ArrayRecord, server_round: int) -> dict:
+        """The global model on every node's local test split, pooled per class."""
+        record = RecordDict({ARRAYS_KEY: arrays, CONFIG_KEY: self.round_config(server_round)})
+        messages = [
+            Message(content=record, message_type=MessageType.EVALUATE, dst_node_id=node_id)
+            for node_id in sorted(self._wait_for_nodes(grid))
+        ]
+        replies = grid.send_and_receive(messages=messages, timeout=self.cfg.round_timeout)
+        return pool_evaluations(
+            [dict(m.content[METRICS_KEY]) for m in replies if not m.has_error() and METRICS_KEY in m.content.metric_records]
+        )
 
     # ---- the round loop -------------------------------------------------------
     def run(

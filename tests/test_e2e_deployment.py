@@ -134,12 +134,16 @@ def test_node_local_folder_data_with_vacant_classes(tmp_path):
     write_digit_folder(tmp_path / "site-b", [4, 5, 6, 7, 8, 9])
     missing = tmp_path / "site-c-not-mounted"
     configs = [
-        {"dataset": "folder", "data-dir": str(tmp_path / "site-a"), "classes": DIGITS, "partition-id": 0},
-        {"dataset": "folder", "data-dir": str(tmp_path / "site-b"), "classes": DIGITS, "partition-id": 1},
+        {"dataset": "folder", "data-dir": str(tmp_path / "site-a"), "classes": DIGITS, "partition-id": 0,
+         "test-fraction": 0.2},
+        {"dataset": "folder", "data-dir": str(tmp_path / "site-b"), "classes": DIGITS, "partition-id": 1,
+         "test-fraction": 0.2},
         {"dataset": "folder", "data-dir": str(missing), "classes": DIGITS, "partition-id": 2},
     ]
     outcome, run_dir, pids = run_local(
-        3, secure=False, auth=False, run_config=run_config(tmp_path / "runs", 3), configs=configs,
+        3, secure=False, auth=False, configs=configs,
+        # no central test set: the global model is evaluated on the sites' held-out splits
+        run_config={**run_config(tmp_path / "runs", 3), "evaluation": "federated"},
         workdir=tmp_path / "work", timeout=600, echo=False, env_extra=node_env(tmp_path),
     )
     assert outcome.completed, f"run ended {outcome.status}\n{outcome.log[-4000:]}"
@@ -149,8 +153,12 @@ def test_node_local_folder_data_with_vacant_classes(tmp_path):
         # The node without data answered with an error naming the path; the others went on.
         assert r["clients_failed"] == 1
         assert str(missing) in r["failures"][0]["reason"] and "not found" in r["failures"][0]["reason"]
+        assert r["evaluation"] == "federated" and r["eval_nodes"] == 2 and r["eval_examples"] == 60
+        assert 0.0 <= r["accuracy"] <= 1.0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["evaluation"] == "federated"
     clients = {c["partition_id"]: c["class_counts"] for c in json.loads((run_dir / "clients.json").read_text())["clients"]}
-    assert clients[0] == [25] * 6 + [0] * 4
-    assert clients[1] == [0] * 4 + [25] * 6
+    assert clients[0] == [20] * 6 + [0] * 4  # 25 per class, 5 held out for local evaluation
+    assert clients[1] == [0] * 4 + [20] * 6
     node_c_log = (tmp_path / "work" / "flwr" / "node-2.log").read_text()
     assert "folder dataset not found" in node_c_log

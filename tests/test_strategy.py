@@ -144,4 +144,38 @@ def test_failure_reason_is_the_clients_own_message():
 
     wrapped = "<class 'RayTaskError'>:<'Traceback ...\nException ClientAppException occurred. Message: disk full'>"
     assert short_reason(wrapped) == "disk full"
-    assert short_reason("x" * 1000).startswith("...") and len(short_reason("x" * 1000)) == 303
+    assert short_reason("x" * 1000).endswith("...") and len(short_reason("x" * 1000)) == 603
+
+
+def test_federated_evaluation_pools_per_class_counts():
+    from fedvls_flwr.strategy import pool_evaluations
+
+    a = {"num-examples": 4, "loss-sum": 4.0, "correct-per-class": [2, 1, 0], "total-per-class": [2, 2, 0]}
+    b = {"num-examples": 6, "loss-sum": 3.0, "correct-per-class": [0, 0, 3], "total-per-class": [1, 0, 5]}
+    empty = {"num-examples": 0}
+    out = pool_evaluations([a, b, empty])
+    assert out["accuracy"] == pytest.approx(6 / 10) and out["loss"] == pytest.approx(0.7)
+    assert out["per_class_accuracy"] == pytest.approx([2 / 3, 1 / 2, 3 / 5])
+    assert out["eval_nodes"] == 2 and out["eval_examples"] == 10
+    assert pool_evaluations([empty])["accuracy"] is None
+
+
+def test_client_evaluate_round_uses_the_local_test_split():
+    from fedvls_flwr.client import evaluate_round
+    from fedvls_flwr.config import RunConfig
+    from fedvls_flwr.models import build_model
+    from fedvls_flwr.strategy import ARRAYS_KEY, CONFIG_KEY
+    from flwr.app import ConfigRecord
+
+    cfg = RunConfig(dataset="digits", dirichlet_beta=0.5)
+    model = build_model("mlp", (1, 8, 8), 10)
+    content = RecordDict({
+        ARRAYS_KEY: ArrayRecord({k: v.detach() for k, v in model.state_dict().items()}),
+        CONFIG_KEY: ConfigRecord({**cfg.to_flower(), "server-round": 1}),
+    })
+    node = {"partition-id": 0, "num-partitions": 3, "test-fraction": 0.25, "cache-dir": ""}
+    metrics = evaluate_round(content, node)[METRICS_KEY]
+    assert metrics["num-examples"] > 0 and sum(metrics["total-per-class"]) == metrics["num-examples"]
+    assert 0 <= sum(metrics["correct-per-class"]) <= metrics["num-examples"]
+    no_split = evaluate_round(content, {"partition-id": 0, "num-partitions": 3, "cache-dir": ""})[METRICS_KEY]
+    assert no_split["num-examples"] == 0
