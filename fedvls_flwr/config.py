@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 METHODS = ("fedavg", "fedlc", "fedntd", "fedvls", "fedvls-paper")
-DATASETS = ("digits", "mnist", "mnist10k", "cifar10", "cifar100", "tinyimagenet")
+DATASETS = ("digits", "mnist", "mnist10k", "cifar10", "cifar100", "tinyimagenet", "synthetic")
 PARTITIONS = ("dirichlet", "shards", "iid")
 MODELS = ("auto", "mlp", "logreg", "mobilenetv2", "resnet18", "resnet18-imagenet", "resnet32")
 DEVICES = ("auto", "cpu", "cuda")
@@ -44,6 +44,11 @@ class RunConfig:
     min_partition_size: int = 10
     seed: int = 0
     model: str = "auto"
+    # dataset = "synthetic": the FedProx/LEAF Synthetic(alpha, beta) generator with
+    # synthetic-clients clients (must equal the number of SuperNodes / partitions).
+    synthetic_alpha: float = 1.0
+    synthetic_beta: float = 1.0
+    synthetic_clients: int = 100
     # federation
     num_server_rounds: int = 30
     fraction_train: float = 1.0
@@ -201,6 +206,9 @@ def validate(cfg: RunConfig) -> None:
     _choice("fedlc-form", cfg.fedlc_form, FEDLC_FORMS)
     _choice("evaluation", cfg.evaluation, EVALUATIONS)
     _check(cfg.dirichlet_beta > 0, "dirichlet-beta", cfg.dirichlet_beta, "> 0 (e.g. 0.5, 0.1, 0.05)")
+    _check(cfg.synthetic_alpha >= 0, "synthetic-alpha", cfg.synthetic_alpha, ">= 0")
+    _check(cfg.synthetic_beta >= 0, "synthetic-beta", cfg.synthetic_beta, ">= 0")
+    _check(cfg.synthetic_clients >= 1, "synthetic-clients", cfg.synthetic_clients, ">= 1")
     _check(cfg.shards_per_client >= 1, "shards-per-client", cfg.shards_per_client, ">= 1")
     _check(cfg.min_partition_size >= 1, "min-partition-size", cfg.min_partition_size, ">= 1")
     _check(cfg.num_server_rounds >= 1, "num-server-rounds", cfg.num_server_rounds, ">= 1")

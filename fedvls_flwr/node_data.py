@@ -58,6 +58,7 @@ import torch
 from .config import DATASETS, RunConfig, resolve_path
 from .data import DatasetBundle, DatasetNotFoundError, image_format, load_dataset, load_image_folder
 from .partition import partition_indices
+from .synthetic import synthetic_dataset
 
 logger = logging.getLogger("flwr")  # Flower's logger: shows up in the SuperNode's output
 
@@ -102,6 +103,8 @@ _LOADED: set[tuple[str, str]] = set()  # datasets loaded into memory in this pro
 
 
 def dataset_for(cfg: RunConfig) -> DatasetBundle:
+    if cfg.dataset == "synthetic":
+        return synthetic_dataset(cfg.synthetic_alpha, cfg.synthetic_beta, cfg.synthetic_clients, cfg.seed)[0]
     bundle = load_dataset(cfg.dataset, cfg.resolved_data_dir(), download=cfg.download)
     _LOADED.add((cfg.dataset, str(cfg.resolved_data_dir())))
     return bundle
@@ -546,6 +549,22 @@ def _prepare(spec: NodeSpec, cfg: RunConfig) -> ClientData:
     return data
 
 
+def _synthetic_client(spec: NodeSpec, cfg: RunConfig) -> ClientData:
+    """Client ``partition-id`` of the generated federation (generated in memory, cheap)."""
+    if spec.form != "partition" or spec.num_partitions != cfg.synthetic_clients:
+        raise NodeDataError(
+            f"{spec.describe()}: dataset 'synthetic' has synthetic-clients={cfg.synthetic_clients} "
+            "clients, one per node: run with as many SuperNodes (num-supernodes) as synthetic-clients, "
+            "each with partition-id=<i> num-partitions=<synthetic-clients>"
+        )
+    bundle, parts = synthetic_dataset(cfg.synthetic_alpha, cfg.synthetic_beta, cfg.synthetic_clients, cfg.seed)
+    idx = torch.from_numpy(parts[spec.partition_id])
+    return ClientData(
+        bundle.train_x[idx], bundle.train_y[idx], bundle.num_classes, None, None,
+        partition_id=spec.partition_id, source=f"synthetic client {spec.partition_id}",
+    )
+
+
 def node_client_data(cfg: RunConfig, node_config: dict[str, Any]) -> ClientData:
     """This node's training data (and optional local test split), either form.
 
@@ -553,6 +572,8 @@ def node_client_data(cfg: RunConfig, node_config: dict[str, Any]) -> ClientData:
     message that names the node config and says what to fix.
     """
     spec = parse_node_config(node_config)
+    if cfg.dataset == "synthetic":
+        return _synthetic_client(spec, cfg)
     try:
         if spec.form == "local":
             return _local_in_memory(spec, cfg)

@@ -68,10 +68,14 @@ def run_experiment(grid: Grid, cfg: RunConfig) -> Path:
     start_round, saved_arrays, saved_rounds = _resume_point(cfg, run_dir)
     bundle = server_test_set(cfg)
     evaluation = "server" if bundle is not None else "federated"
-    fmt = image_format(cfg.dataset)
+    if bundle is not None:
+        input_shape, num_classes = tuple(bundle.input_shape), bundle.num_classes
+    else:  # federated evaluation: the model's shape comes from the dataset's format
+        fmt = image_format(cfg.dataset)
+        input_shape, num_classes = tuple(fmt.shape), fmt.num_classes
     device = resolve_device("cpu" if cfg.device == "cpu" else "auto")
     torch.manual_seed(cfg.seed)
-    model = build_model(model_name(cfg), tuple(fmt.shape), fmt.num_classes)
+    model = build_model(model_name(cfg), input_shape, num_classes)
     writer = RunWriter(run_dir)
     writer.rounds = saved_rounds
     atomic_write_json(run_dir / CONFIG_FILE, cfg.to_flower())
@@ -101,7 +105,7 @@ def run_experiment(grid: Grid, cfg: RunConfig) -> Path:
         new = {c["partition_id"]: c["class_counts"] for c in report.clients if "partition_id" in c}
         if any(pid not in clients for pid in new):
             clients.update(new)
-            writer.write_clients(fmt.num_classes, clients)
+            writer.write_clients(num_classes, clients)
         record = {
             "round": server_round,
             **metrics,

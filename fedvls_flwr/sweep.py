@@ -68,7 +68,7 @@ def run_name(overrides: dict[str, Any], varying: tuple[str, ...] = ()) -> str:
     run, federation = split_federation(overrides)
     cfg = parse_run_config({k: v for k, v in run.items() if k != "run-name"})
     skew = {"dirichlet": f"dir{cfg.dirichlet_beta:g}", "shards": f"shards{cfg.shards_per_client}", "iid": "iid"}
-    parts = [cfg.dataset, cfg.method, skew[cfg.partition]]
+    parts = [cfg.dataset, cfg.method, "natural" if cfg.dataset == "synthetic" else skew[cfg.partition]]
     for key in varying:
         if key in NAME_KEYS or key in FEDERATION_KEYS or key not in run:
             continue
@@ -130,15 +130,23 @@ def load_preset(path: Path | str, *, sets: dict[str, Any] | None = None, seeds: 
 
 def check_data(preset: Preset) -> None:
     """Load every dataset once now, so a missing one fails before any SuperLink starts."""
-    from .data import load_dataset
+    from .node_data import dataset_for
 
     seen = set()
     for overrides in preset.runs:
-        cfg = parse_run_config(split_federation(overrides)[0])
-        key = (cfg.dataset, str(cfg.resolved_data_dir()), cfg.download)
+        run, federation = split_federation(overrides)
+        cfg = parse_run_config(run)
+        nodes = federation.get("num-supernodes", preset.federation.get("num-supernodes"))
+        if cfg.dataset == "synthetic" and nodes != cfg.synthetic_clients:
+            raise PresetError(
+                f"preset {preset.path}: dataset synthetic with synthetic-clients={cfg.synthetic_clients} "
+                f"needs num-supernodes={cfg.synthetic_clients} (one client per node), not {nodes}"
+            )
+        key = (cfg.dataset, str(cfg.resolved_data_dir()), cfg.download, cfg.synthetic_alpha, cfg.synthetic_beta,
+               cfg.synthetic_clients, cfg.seed if cfg.dataset == "synthetic" else None)
         if key not in seen:
             seen.add(key)
-            load_dataset(cfg.dataset, cfg.resolved_data_dir(), download=cfg.download)
+            dataset_for(cfg)
 
 
 def run_preset(

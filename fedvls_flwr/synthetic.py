@@ -29,6 +29,8 @@ import math
 from dataclasses import dataclass
 from numbers import Integral
 
+from functools import lru_cache
+
 import numpy as np
 import torch
 
@@ -136,3 +138,27 @@ def make_synthetic(
         test_y=torch.from_numpy(np.concatenate(test_y).astype(np.int64)),
         num_classes=NUM_CLASSES,
     )
+
+
+@lru_cache(maxsize=4)
+def synthetic_dataset(alpha: float, beta: float, num_clients: int, seed: int):
+    """The federation as the app's (DatasetBundle, natural partition).
+
+    The training pool is every client's training data concatenated in client order; the
+    partition gives each client back exactly its own samples (the generator, not a
+    partitioner, decides the label skew); the test set is the pooled held-out data.
+    """
+    from .data import DatasetBundle
+
+    fed = make_synthetic(alpha, beta, num_clients, seed)
+    sizes = [int(y.shape[0]) for y in fed.client_y]
+    bounds = np.cumsum([0, *sizes])
+    bundle = DatasetBundle(
+        name="synthetic",
+        train_x=torch.cat(fed.client_x), train_y=torch.cat(fed.client_y),
+        test_x=fed.test_x, test_y=fed.test_y,
+        num_classes=fed.num_classes, class_names=tuple(str(c) for c in range(fed.num_classes)),
+        input_shape=(NUM_FEATURES,), mean=None, std=None,
+    )
+    parts = tuple(np.arange(bounds[i], bounds[i + 1]) for i in range(num_clients))
+    return bundle, parts

@@ -42,3 +42,17 @@ def test_flwr_run_simulation_completes_and_writes_results(tmp_path):
     assert summary["best_accuracy"] == max(r["accuracy"] for r in rounds[1:])
     assert (run_dir / "model_final.npz").stat().st_size > 0
     assert "round 2/2: accuracy" in outcome.log
+
+
+def test_synthetic_benchmark_runs_with_one_client_per_node(tmp_path):
+    cfg = {
+        "dataset": "synthetic", "synthetic-clients": 4, "synthetic-alpha": 1.0, "synthetic-beta": 1.0,
+        "method": "fedlc", "num-server-rounds": 2, "local-epochs": 1, "batch-size": 10,
+        "fraction-train": 0.5, "output-dir": str(tmp_path / "runs"), "run-name": "synthetic",
+    }
+    with LocalSuperLink(tmp_path / "flwr-home") as link:
+        outcome = link.wait(link.submit(run_config=cfg, federation_config={"num-supernodes": 4}), timeout=300)
+    assert outcome.completed, f"run ended {outcome.status}\n{outcome.log[-4000:]}"
+    rounds = read_rounds(tmp_path / "runs" / "synthetic")
+    assert [r["clients_accepted"] for r in rounds[1:]] == [2, 2]
+    assert json.loads((tmp_path / "runs" / "synthetic" / "summary.json").read_text())["model"] == "logreg"

@@ -118,3 +118,20 @@ def test_test_fraction_zero_and_validation():
         kw.update(bad)
         with pytest.raises(ValueError, match=next(iter(bad))):
             make_synthetic(**kw)
+
+
+def test_synthetic_as_an_app_dataset_gives_each_node_its_own_client():
+    from fedvls_flwr.config import RunConfig
+    from fedvls_flwr.node_data import NodeDataError, dataset_for, node_client_data
+    from fedvls_flwr.synthetic import make_synthetic
+
+    cfg = RunConfig(dataset="synthetic", synthetic_alpha=0.5, synthetic_beta=0.5, synthetic_clients=4, seed=3)
+    fed = make_synthetic(0.5, 0.5, 4, 3)
+    bundle = dataset_for(cfg)
+    assert bundle.input_shape == (60,) and bundle.num_classes == 10
+    assert torch.equal(bundle.test_y, fed.test_y)
+    for i in range(4):
+        data = node_client_data(cfg, {"partition-id": i, "num-partitions": 4})
+        assert torch.equal(data.x, fed.client_x[i]) and torch.equal(data.y, fed.client_y[i])
+    with pytest.raises(NodeDataError, match="synthetic-clients=4"):
+        node_client_data(cfg, {"partition-id": 0, "num-partitions": 3})
