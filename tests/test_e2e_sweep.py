@@ -1,0 +1,193 @@
+"""A YAML preset run by fedvls_flwr.sweep end to end (real `flwr run` simulations), and a
+sweep killed after its first run that finishes the rest without re-running that run."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fedvls_flwr.launch import PROJECT_DIR, descendants, stop_process
+from fedvls_flwr.report import method_label
+from fedvls_flwr.sweep import load_preset, run_preset
+
+pytestmark = pytest.mark.e2e
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+RUN_TIMEOUT = 300.0
+PRESET = """\
+name: tiny-e2e
+description: two one-round digits runs
+base:
+  dataset: digits
+  num-server-rounds: 1
+  local-epochs: 1
+  dirichlet-beta: 0.5
+grid:
+  method: [fedavg, fedvls]
+  seed: [0]
+federation:
+  num-supernodes: 3
+  client-resources-num-cpus: 1
+"""
+FIRST, SECOND = "digits-fedavg-dir0.5-s0", "digits-fedvls-dir0.5-s0"
+
+
+def write_preset(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(PRESET)
+    return path
+
+
+def processes_with_home(flwr_home: Path) -> list[int]:
+    """Live processes whose environment names this FLWR_HOME (every Flower/Ray process a
+    sweep starts inherits it, including any that were re-parented to init)."""
+    needle = f"FLWR_HOME={flwr_home}".encode()
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            entries = environ.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if needle in entries:
+            found.append(int(environ.parent.name))
+    return found
+
+
+def assert_no_leftovers(flwr_home: Path, pids: set[int] = frozenset(), timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        left = set(processes_with_home(flwr_home)) | {p for p in pids if _alive(p)}
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert not left, f"processes still running: {[_cmdline(p) for p in sorted(left)]}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return f"{pid}: " + Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+    except OSError:
+        return f"{pid}: (gone)"
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_tiny_preset_runs_end_to_end_and_its_table_matches_the_summaries(tmp_path):
+    preset = load_preset(write_preset(tmp_path))
+    assert [r["run-name"] for r in preset.runs] == [FIRST, SECOND]
+    out = tmp_path / "out"
+    logs: list[str] = []
+    result = run_preset(preset, out, timeout=RUN_TIMEOUT, log=logs.append)
+    assert_no_leftovers((out / ".flwr-home").resolve())
+
+    assert result["statuses"] == {FIRST: "finished:completed", SECOND: "finished:completed"}, "\n".join(logs)
+    summaries = {}
+    for name in (FIRST, SECOND):
+        summary = json.loads((out / name / "summary.json").read_text())
+        assert summary["status"] == "completed"
+        assert summary["final_round"] == 1 and summary["rounds_completed"] == 1
+        assert 0.0 <= summary["best_accuracy"] <= 1.0 and 0.0 <= summary["final_accuracy"] <= 1.0
+        summaries[name] = summary
+    assert {s["config"]["method"] for s in summaries.values()} == {"fedavg", "fedvls"}
+
+    report_dir = out / "report"
+    md_path, csv_path = report_dir / "results.md", report_dir / "results.csv"
+    assert result["report"]["table_md"] == md_path and result["report"]["table_csv"] == csv_path
+    rows = read_csv(csv_path)
+    assert list(rows[0]) == [
+        "dataset", "partition", "dirichlet-beta", "method", "n", "best_mean", "best_std",
+        "final_mean", "final_std", "seeds", "best_per_seed", "final_per_seed",
+    ]
+    by_label = {row["method"]: row for row in rows}
+    assert len(rows) == len(by_label) == 2
+    markdown = md_path.read_text()
+    for summary in summaries.values():
+        row = by_label[method_label(summary["config"])]
+        assert (row["dataset"], row["partition"], float(row["dirichlet-beta"])) == ("digits", "dirichlet", 0.5)
+        assert (row["n"], row["seeds"], row["best_std"], row["final_std"]) == ("1", "0", "0.0", "0.0")
+        best, final = 100 * summary["best_accuracy"], 100 * summary["final_accuracy"]
+        assert float(row["best_mean"]) == pytest.approx(best, abs=1e-9, rel=0)
+        assert float(row["final_mean"]) == pytest.approx(final, abs=1e-9, rel=0)
+        assert float(row["best_per_seed"]) == pytest.approx(best, abs=1e-9, rel=0)
+        assert float(row["final_per_seed"]) == pytest.approx(final, abs=1e-9, rel=0)
+        assert f"{best:.2f} ({final:.2f})" in markdown
+
+    plots = {name: Path(p) for name, p in result["report"].items() if name.startswith(("accuracy-", "per-class-", "partition-"))}
+    kinds = {name.split("-digits")[0] for name in plots}
+    assert kinds == {"accuracy", "per-class", "partition"}, sorted(plots)
+    assert set(plots.values()) == set(report_dir.glob("*.png"))
+    for path in plots.values():
+        assert path.read_bytes()[:8] == PNG_SIGNATURE, path
+
+
+def test_sweep_killed_after_its_first_run_resumes_without_rerunning_it(tmp_path):
+    """Stronger form: the real command line is killed (its whole process tree) as soon as
+    the first run's summary.json appears, then the same preset is run again in-process."""
+    preset_path = write_preset(tmp_path)
+    out = (tmp_path / "out").resolve()
+    flwr_home = out / ".flwr-home"
+    first_summary = out / FIRST / "summary.json"
+    console = tmp_path / "sweep-killed.log"
+    seen: set[int] = set()
+    with console.open("wb") as handle:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fedvls_flwr.sweep", str(preset_path), "-o", str(out), "--timeout", str(RUN_TIMEOUT)],
+            cwd=PROJECT_DIR, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT
+        while not first_summary.exists():
+            seen.update(descendants(proc.pid))
+            if proc.poll() is not None:
+                pytest.fail(f"sweep exited ({proc.returncode}) before its first run finished:\n"
+                            f"{console.read_text()[-3000:]}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"the first run never finished:\n{console.read_text()[-3000:]}")
+            time.sleep(0.1)
+        seen.update(descendants(proc.pid))
+        stop_process(proc)
+    finally:
+        if proc.poll() is None:
+            stop_process(proc)
+    assert proc.returncode not in (0, None), "the sweep ended by itself instead of being interrupted"
+    assert seen, "the sweep started no processes?"
+    assert_no_leftovers(flwr_home, seen | {proc.pid})
+    # it was really interrupted: the second run had not finished
+    assert not (out / SECOND / "summary.json").exists()
+    assert not (out / "report").exists()
+
+    first_files = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in (out / FIRST).iterdir() if p.is_file()}
+    assert json.loads(first_summary.read_text())["status"] == "completed"
+
+    logs: list[str] = []
+    result = run_preset(load_preset(preset_path), out, timeout=RUN_TIMEOUT, log=logs.append)
+    assert_no_leftovers(flwr_home)
+    assert result["statuses"] == {
+        FIRST: "skipped (finished earlier)", SECOND: "finished:completed",
+    }, "\n".join(logs)
+    assert "2 runs, 1 already finished, 1 to run" in logs[0]
+    assert not any(FIRST in line for line in logs[1:] if line.startswith("[sweep] (")), logs
+    # nothing in the first run's folder was touched (same files, same mtimes, same bytes)
+    assert {p.name: (p.stat().st_mtime_ns, p.read_bytes())
+            for p in (out / FIRST).iterdir() if p.is_file()} == first_files
+
+    second = json.loads((out / SECOND / "summary.json").read_text())
+    assert second["status"] == "completed" and second["rounds_completed"] == 1
+    labels = {row["method"] for row in read_csv(out / "report" / "results.csv")}
+    assert labels == {"FedAvg", "FedVLS"}
