@@ -101,6 +101,7 @@ class FedVLSStrategy(FedAvg):
         )
         self.cfg = cfg
         self.report = RoundReport(0)
+        self._federation_assembled = False  # min-nodes were connected once (see _wait_for_nodes)
 
     # ---- sampling and broadcast -------------------------------------------
     def sample(self, node_ids: list[int], server_round: int) -> list[int]:
@@ -131,12 +132,29 @@ class FedVLSStrategy(FedAvg):
         ]
 
     def _wait_for_nodes(self, grid: Grid) -> list[int]:
+        """The nodes to sample from.
+
+        ``min-nodes`` is a start condition: before the first round of this server the
+        federation is still assembling, so it waits (logging every 30 s) until that many
+        nodes are connected. After that a round uses the nodes connected now - a node
+        that died is gone, a late one joins - and ``min-fit-fraction`` judges the replies.
+        Only when no node is left does it wait, at most ``round-timeout`` seconds.
+        """
+        needed = 1 if self._federation_assembled else self.cfg.min_nodes
         waited = 0.0
-        while len(node_ids := list(grid.get_node_ids())) < self.cfg.min_nodes:
-            if waited == 0 or waited % 30 == 0:
-                log(INFO, "waiting for nodes: %d connected, min-nodes = %d", len(node_ids), self.cfg.min_nodes)
+        while len(node_ids := list(grid.get_node_ids())) < needed:
+            if self._federation_assembled and waited >= self.cfg.round_timeout:
+                raise RoundFailedError(
+                    f"no node has been connected for {waited:.0f} s (round-timeout); "
+                    "the results up to the last completed round are saved: restart nodes "
+                    "and continue with resume=true"
+                )
+            if waited % 30 == 0:
+                log(INFO, "waiting for nodes: %d connected, %d needed%s", len(node_ids), needed,
+                    "" if self._federation_assembled else " (min-nodes) before the first round")
             time.sleep(1.0)
             waited += 1.0
+        self._federation_assembled = True
         return node_ids
 
     # ---- aggregation --------------------------------------------------------

@@ -130,6 +130,29 @@ def test_too_few_replies_retries_then_stops_with_a_clear_error():
     assert never.calls == 3
 
 
+def test_min_nodes_is_a_start_condition_not_a_per_round_one():
+    """A node that dies after round 1 must not stall the run: later rounds go on with
+    the nodes still connected (min-nodes is only waited for before the first round)."""
+    grid = FakeGrid([11, 12, 13], good)
+    sampled = []
+
+    def on_round_end(server_round, arrays, report):
+        sampled.append(report.sampled)
+        if server_round == 1:
+            grid.nodes.remove(13)  # node 13 vanished
+
+    cfg = RunConfig(num_server_rounds=3, min_nodes=3)
+    FedVLSStrategy(cfg).run(grid, initial(), on_round_end=on_round_end)
+    assert sampled == [3, 2, 2]
+
+
+def test_a_federation_with_no_node_left_stops_after_round_timeout():
+    grid = FakeGrid([11], good)
+    strategy = FedVLSStrategy(RunConfig(num_server_rounds=2, min_nodes=1, round_timeout=1.0))
+    with pytest.raises(RoundFailedError, match="no node has been connected"):
+        strategy.run(grid, initial(), on_round_end=lambda r, a, rep: grid.nodes.clear())
+
+
 def test_nan_reply_keeps_the_global_model_finite():
     def respond(node, attempt):
         bad = {k: np.full_like(v, np.nan) for k, v in GLOBAL.items()}
