@@ -15,16 +15,19 @@ app's accuracy round for round (``tests/test_bench_equivalence.py``):
 * client ``i`` in round ``r`` shuffles with a CPU ``torch.Generator`` seeded with
   ``SeedSequence([seed, r, i]).generate_state(1)[0]``, one ``randperm`` per epoch;
 * a fresh SGD optimizer per client and round (momentum does not carry over);
-* the teacher is a frozen copy of the received global model; in ``eval`` teacher mode
-  its logits are computed once per round (chunks of ``eval-batch-size``), in ``train``
-  mode on every batch;
+* the teacher is a frozen copy of the received global model; when its output does not
+  change from epoch to epoch (``eval`` teacher mode, or a model without BatchNorm or
+  dropout) what the loss needs of it (``Objective.prepare_teacher``) is computed once
+  per round (chunks of ``eval-batch-size``), otherwise on every batch;
+* the per-step loss is the objective's hot path, ``Objective.loss_terms`` (the same
+  computation as the app; the term bookkeeping the app does for its metrics is left out);
 * aggregation: ``sum_i (n_i / sum_j n_j) w_i`` over all clients, accumulated in float64
   and cast back to each array's dtype (integer buffers rounded).
 
 Two ways to feed batches:
 
 * ``index`` (default): batches are index slices of the client's tensors;
-* ``dataloader``: the idiomatic ``DataLoader(TensorDataset(x, y[, teacher_logits]),
+* ``dataloader``: the idiomatic ``DataLoader(TensorDataset(x, y[, teacher_rows]),
   batch_size, sampler=<this epoch's permutation>)``: the same batch order as ``index``
   (one ``randperm`` per epoch from the client's generator), but per-sample indexing and
   ``default_collate`` stacking instead of one gather per batch. That data path is the
@@ -62,6 +65,7 @@ from fedvls_flwr.data import load_dataset  # noqa: E402
 from fedvls_flwr.models import build_model, default_model  # noqa: E402
 from fedvls_flwr.objectives import ObjectiveParams, build_objective  # noqa: E402
 from fedvls_flwr.partition import partition_indices  # noqa: E402
+from fedvls_flwr.training import mode_dependent  # noqa: E402
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 DEFAULT_DATA_DIR = (PROJECT_DIR / ".." / "shared" / "data").resolve()
@@ -138,17 +142,18 @@ def train_client(model, x, y, num_classes: int, cfg: RefConfig, generator: torch
     objective = build_objective(cfg.method, counts, objective_params(cfg))
 
     teacher = None
-    teacher_logits = None
+    teacher_rows = None  # what the loss needs of the teacher, per sample (prepare_teacher)
     if objective.needs_teacher:
         teacher = copy.deepcopy(model)
         teacher.train(cfg.teacher_mode == "train")
         for p in teacher.parameters():
             p.requires_grad_(False)
-        if cfg.teacher_mode == "eval":
+        if cfg.teacher_mode == "eval" or not mode_dependent(teacher):
             with torch.no_grad():
                 teacher_logits = torch.cat(
                     [teacher(x[i : i + cfg.eval_batch_size]) for i in range(0, len(x), cfg.eval_batch_size)]
                 )
+                teacher_rows = objective.prepare_teacher(teacher_logits, y)
 
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     model.train()
@@ -156,15 +161,15 @@ def train_client(model, x, y, num_classes: int, cfg: RefConfig, generator: torch
     def step(xb, yb, tb):
         if tb is None and teacher is not None:
             with torch.no_grad():
-                tb = teacher(xb)
-        loss, _ = objective(model(xb), yb, tb)
+                tb = objective.prepare_teacher(teacher(xb), yb)
+        loss, _ = objective.loss_terms(model(xb), yb, tb)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
 
     n = len(y)
     if cfg.loader == "dataloader":
-        tensors = (x, y) if teacher_logits is None else (x, y, teacher_logits)
+        tensors = (x, y) if teacher_rows is None else (x, y, teacher_rows)
         dataset = TensorDataset(*tensors)
         for _ in range(cfg.local_epochs):
             # The epoch's order as a sampler: one randperm per epoch from the client's
@@ -179,7 +184,7 @@ def train_client(model, x, y, num_classes: int, cfg: RefConfig, generator: torch
             order = torch.randperm(n, generator=generator)
             for start in range(0, n, cfg.batch_size):
                 idx = order[start : start + cfg.batch_size]
-                step(x[idx], y[idx], None if teacher_logits is None else teacher_logits[idx])
+                step(x[idx], y[idx], None if teacher_rows is None else teacher_rows[idx])
     return n
 
 

@@ -11,6 +11,15 @@ Conventions
   each name of ``term_names`` to a detached scalar tensor holding that term's *weighted
   contribution* to ``loss`` (so ``sum(terms.values()) == loss`` up to rounding). Disabled
   terms are reported as 0 so that every client returns the same keys.
+* The training loop's hot path is split in two: :meth:`Objective.prepare_teacher` turns
+  the teacher's logits into what the loss needs of them, row by row (so it can run once
+  per round on the client's whole data and be sliced per batch), and
+  :meth:`Objective.loss_terms` returns the loss and all terms as one detached (K,)
+  tensor, without validation or a dict per step.
+* FedVLS computes its value and its gradient in one fused autograd function
+  (:class:`_FusedFedVLS`): a few dozen tiny ops of autograd bookkeeping per step would
+  otherwise cost more than the MLP's matrix products. The loop references in
+  ``tests/test_objectives.py`` check values and gradients of both forms.
 * Everything derived from the client's class counts is computed once, in the constructor,
   on the device of ``class_counts``. The per-step code is vectorised and free of host syncs
   (no ``.item()``, no boolean indexing, no Python loops over classes or samples).
@@ -126,9 +135,31 @@ class Objective:
         return t
 
     # -- public API ----------------------------------------------------------------------
+    def prepare_teacher(self, teacher_logits: Tensor, targets: Tensor) -> Tensor | None:
+        """What this loss needs of the frozen teacher, per sample (None if nothing).
+
+        Row ``i`` depends only on sample ``i`` (its teacher logits and its label), so the
+        result for a client's whole data can be computed once and indexed per batch.
+        """
+        return None
+
+    def loss_terms(self, logits: Tensor, targets: Tensor, teacher: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """The hot path: ``(loss, terms)``, ``terms`` a detached (K,) tensor in
+        ``term_names`` order. ``teacher``: rows of :meth:`prepare_teacher` for this batch.
+        No input validation (see :meth:`__call__`)."""
+        terms = self._compute(_as_float(logits), targets, teacher)
+        values = list(terms.values())
+        loss = values[0]
+        for t in values[1:]:
+            loss = loss + t
+        if len(values) == 1:
+            return loss, loss.detach().reshape(1)
+        return loss, torch.stack([t.detach() for t in values])
+
     def __call__(
         self, logits: Tensor, targets: Tensor, teacher_logits: Tensor | None = None
     ) -> tuple[Tensor, dict[str, Tensor]]:
+        """Checked entry point: the loss and a dict of its terms, from raw teacher logits."""
         if logits.dim() != 2 or logits.shape[1] != self.num_classes:
             raise ValueError(
                 f"logits must have shape (B, {self.num_classes}), got {tuple(logits.shape)}"
@@ -137,7 +168,7 @@ class Objective:
             raise ValueError(
                 f"targets must have shape ({logits.shape[0]},), got {tuple(targets.shape)}"
             )
-        logits = _as_float(logits)
+        teacher = None
         if self.needs_teacher:
             if teacher_logits is None:
                 raise ValueError(f"objective {self.name!r} needs teacher_logits")
@@ -145,14 +176,9 @@ class Objective:
                 raise ValueError(
                     f"teacher_logits must have shape {tuple(logits.shape)}, got {tuple(teacher_logits.shape)}"
                 )
-            teacher_logits = _as_float(teacher_logits.detach()).to(logits.dtype)
-        else:
-            teacher_logits = None
-        terms = self._compute(logits, targets, teacher_logits)
-        loss = None
-        for t in terms.values():
-            loss = t if loss is None else loss + t
-        return loss, {k: v.detach() for k, v in terms.items()}
+            teacher = self.prepare_teacher(teacher_logits, targets)
+        loss, terms = self.loss_terms(logits, targets, teacher)
+        return loss, dict(zip(self.term_names, terms.unbind()))
 
     def _compute(self, logits: Tensor, targets: Tensor, teacher: Tensor | None) -> dict[str, Tensor]:
         raise NotImplementedError
@@ -229,13 +255,19 @@ class FedNTDObjective(Objective):
         idx = self._cols[None, :] + (self._cols[None, :] >= targets[:, None]).long()
         return x.gather(1, idx)
 
+    def prepare_teacher(self, teacher_logits, targets):
+        """log softmax(g_{!=y} / tau): the teacher's not-true distribution of each sample."""
+        if not self.needs_teacher:
+            return None
+        g = _as_float(teacher_logits.detach())
+        return F.log_softmax(self._not_true(g, targets) / self.tau, dim=1)
+
     def _compute(self, logits, targets, teacher):
         ce = F.cross_entropy(logits, targets)
         if teacher is None:  # beta == 0
             return {"ce": ce, "ntd": logits.new_zeros(())}
-        f_nt = self._not_true(logits, targets) / self.tau
-        g_nt = self._not_true(teacher, targets) / self.tau
-        kl = _kl_log(F.log_softmax(g_nt, dim=1), F.log_softmax(f_nt, dim=1))
+        log_f_nt = F.log_softmax(self._not_true(logits, targets) / self.tau, dim=1)
+        kl = _kl_log(teacher.to(logits.dtype), log_f_nt)
         return {"ce": ce, "ntd": (self.beta * self.tau**2) * kl}
 
 
@@ -247,6 +279,8 @@ class FedVLSObjective(Objective):
         + logit_weight * sum_c p(c) L^c,
     L^c = log((sum_{i: y_i != c} exp(z_ic) + #{i: y_i = c}) / B),
     z_c = f_c - log(p(c) + 1e-9) + log(1/C).  Vacant classes have p(c) = 0 and are skipped.
+
+    Value and gradient come from :class:`_FusedFedVLS` (one autograd node per step).
     """
 
     name = "fedvls"
@@ -265,44 +299,68 @@ class FedVLSObjective(Objective):
         log_prior_eps = torch.log(self.prior + PRIOR_EPS)  # (C,) float64
         if self.paper:
             # literal eq. 2: log p(c) for present classes; vacant classes leave the softmax
-            self.cal_bias = torch.where(self.present, torch.log(self.prior.clamp(min=1e-300)), 0.0)
+            self.cal_bias = torch.where(self.present, torch.log(self.prior.clamp(min=1e-300)), MASK_VALUE)
         else:
             self.cal_bias = log_prior_eps
         # L_logit restricted to the present classes (p(c) = 0 elsewhere)
+        self.all_present = self.num_vacant == 0
         self.logit_prior = self.prior[self.present_idx]  # (P,)
+        self.weighted_prior = self.logit_weight * self.logit_prior  # (P,)
         self.logit_shift = (-log_prior_eps + math.log(1.0 / C))[self.present_idx]  # (P,)
+        # sum_c p(c) over the present classes: 1 up to rounding, kept exact for the log(B) term
+        self.prior_mass = float(self.logit_prior.sum())
 
-    # -- terms ---------------------------------------------------------------------------
-    def _cal(self, logits, targets):
-        z = logits + self._buf("cal_bias", logits.dtype)
-        if self.paper:
-            z = torch.where(self.present, z, MASK_VALUE)
-        return F.cross_entropy(z, targets)
-
-    def _dis(self, logits, teacher):
+    def prepare_teacher(self, teacher_logits, targets):
+        """Per sample: the teacher's softmax over the vacant classes, q_g (V columns), and
+        sum_v q_g log q_g (one column), the part of the KL that the student cannot change."""
         if not self.use_dis:
-            return logits.new_zeros(())
-        f_o = logits.index_select(1, self.vacant_idx)
-        g_o = teacher.index_select(1, self.vacant_idx)
-        return self.lambda_dis * _kl_log(F.log_softmax(g_o, dim=1), F.log_softmax(f_o, dim=1))
+            return None
+        g = _as_float(teacher_logits.detach()).index_select(1, self.vacant_idx)
+        log_q = F.log_softmax(g, dim=1)
+        q = log_q.exp()
+        return torch.cat([q, (q * log_q).sum(dim=1, keepdim=True)], dim=1)
 
-    def _logit(self, logits, targets):
-        if not self.use_logit:
-            return logits.new_zeros(())
-        B = logits.shape[0]
-        f_p = logits.index_select(1, self.present_idx)  # (B, P)
+    def loss_terms(self, logits, targets, teacher=None):
+        return _FusedFedVLS.apply(_as_float(logits), targets, teacher, self)
+
+    # -- the three terms: value and gradient w.r.t. the logits, no autograd -------------
+    def _cal(self, f: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+        B = f.shape[0]
+        log_p = F.log_softmax(f + self._buf("cal_bias", f.dtype), dim=1)
+        rows = targets[:, None]
+        value = log_p.gather(1, rows).sum().neg_().div_(B)
+        grad = log_p.exp_()  # softmax
+        grad.scatter_add_(1, rows, rows.new_full(rows.shape, -1, dtype=f.dtype))
+        return value, grad.div_(B)
+
+    def _dis(self, f: Tensor, teacher: Tensor, grad: Tensor) -> Tensor:
+        """lambda * KL(q_g || softmax(f_O)), batch mean; adds its gradient into ``grad``."""
+        B, V = f.shape[0], self.num_vacant
+        q = teacher[:, :V].to(f.dtype)
+        log_s = F.log_softmax(f.index_select(1, self.vacant_idx), dim=1)
+        scale = self.lambda_dis / B
+        value = (teacher[:, V].to(f.dtype).sum() - (q * log_s).sum()).mul_(scale)
+        grad.index_add_(1, self.vacant_idx, log_s.exp_().sub_(q).mul_(scale))
+        return value
+
+    def _logit(self, f: Tensor, targets: Tensor, grad: Tensor) -> Tensor:
+        """Bounded L_logit: samples of class c stay in class c's sum as exp(0) = 1."""
+        B = f.shape[0]
+        f_p = f if self.all_present else f.index_select(1, self.present_idx)  # (B, P)
         is_c = targets[:, None] == self.present_idx[None, :]  # (B, P): y_i == c
-        z = f_p + self._buf("logit_shift", logits.dtype)
-        # samples of class c stay in the sum with exp(0) = 1
-        per_class = torch.logsumexp(torch.where(is_c, 0.0, z), dim=0) - math.log(B)  # (P,)
-        return self.logit_weight * (self._buf("logit_prior", logits.dtype) * per_class).sum()
+        z = (f_p + self._buf("logit_shift", f.dtype)).masked_fill_(is_c, 0.0)
+        lse, soft = _logsumexp_softmax_dim0(z)
+        w_prior = self._buf("weighted_prior", f.dtype)
+        value = (w_prior * lse).sum() - self.logit_weight * self.prior_mass * math.log(B)
+        # d lse_c / d z_ic = softmax over the samples; entries with y_i == c are constants
+        self._add_present(grad, soft.mul_(w_prior).masked_fill_(is_c, 0.0))
+        return value
 
-    def _compute(self, logits, targets, teacher):
-        return {
-            "cal": self._cal(logits, targets),
-            "dis": self._dis(logits, teacher),
-            "logit": self._logit(logits, targets),
-        }
+    def _add_present(self, grad: Tensor, g_p: Tensor) -> None:
+        if self.all_present:
+            grad.add_(g_p)
+        else:
+            grad.index_add_(1, self.present_idx, g_p)
 
 
 class FedVLSPaperObjective(FedVLSObjective):
@@ -316,16 +374,48 @@ class FedVLSPaperObjective(FedVLSObjective):
     name = "fedvls-paper"
     paper = True
 
-    def _logit(self, logits, targets):
-        if not self.use_logit:
-            return logits.new_zeros(())
-        B = logits.shape[0]
-        f_p = logits.index_select(1, self.present_idx)  # (B, P)
+    def _logit(self, f, targets, grad):
+        B = f.shape[0]
+        f_p = f if self.all_present else f.index_select(1, self.present_idx)  # (B, P)
         is_c = targets[:, None] == self.present_idx[None, :]  # (B, P)
-        lse = torch.logsumexp(torch.where(is_c, MASK_VALUE, f_p), dim=0) - math.log(B)
-        has_other = is_c.sum(dim=0) < B  # (P,) some sample with y != c
-        per_class = torch.where(has_other, lse, 0.0)
-        return self.logit_weight * (self._buf("logit_prior", logits.dtype) * per_class).sum()
+        lse, soft = _logsumexp_softmax_dim0(f_p.masked_fill(is_c, MASK_VALUE))
+        # a class with no sample y != c in the batch is skipped (its column is all masked)
+        w_prior = self._buf("weighted_prior", f.dtype) * (~is_c.all(dim=0))
+        value = (w_prior * (lse - math.log(B))).sum()
+        self._add_present(grad, soft.mul_(w_prior))  # masked entries: exp(MASK - max) = 0
+        return value
+
+
+def _logsumexp_softmax_dim0(z: Tensor) -> tuple[Tensor, Tensor]:
+    """(logsumexp over dim 0, softmax over dim 0) of ``z`` (B, P), sharing the work."""
+    top = z.amax(dim=0)
+    e = (z - top).exp_()
+    total = e.sum(dim=0)
+    return top + total.log(), e.div_(total)
+
+
+class _FusedFedVLS(torch.autograd.Function):
+    """FedVLS's loss and its gradient w.r.t. the logits in one pass.
+
+    Returns ``(loss, terms)``; ``terms`` (cal, dis, logit) is not differentiable. The
+    gradient is saved in the forward pass and scaled by the incoming gradient.
+    """
+
+    @staticmethod
+    def forward(ctx, f: Tensor, targets: Tensor, teacher: Tensor | None, obj: FedVLSObjective):
+        cal, grad = obj._cal(f, targets)
+        zero = f.new_zeros(())
+        dis = obj._dis(f, teacher, grad) if obj.use_dis else zero
+        logit = obj._logit(f, targets, grad) if obj.use_logit else zero
+        terms = torch.stack([cal, dis, logit])
+        ctx.save_for_backward(grad)
+        ctx.mark_non_differentiable(terms)
+        return terms.sum(), terms
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor, _grad_terms: Tensor | None):
+        (grad,) = ctx.saved_tensors
+        return grad * grad_loss, None, None, None
 
 
 _REGISTRY: dict[str, type[Objective]] = {

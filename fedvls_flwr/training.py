@@ -111,6 +111,7 @@ def train_local(
     mean: tuple[float, ...] | None = None,
     std: tuple[float, ...] | None = None,
     augment: bool = False,
+    cache_teacher: bool = True,
 ) -> TrainResult:
     """Train ``model`` (holding the global weights) in place with the configured objective.
 
@@ -119,6 +120,8 @@ def train_local(
     ``augment`` only has an effect on uint8 image data (``mean``/``std`` given); data
     stored normalised (``mean=None``) pass through unchanged. ``cfg.amp`` enables
     bfloat16 autocast when ``device`` is CUDA (see the module docstring).
+    ``cache_teacher=False`` forces the teacher's forward pass on every batch (the
+    reference the once-per-round cache is tested against).
     """
     model.to(device)
     x = to_device(x, device)
@@ -128,15 +131,19 @@ def train_local(
     transform = make_batch_transform(mean, std, train=True, augment=augment, generator=generator)
     autocast = autocast_context(device, cfg.amp)
 
-    teacher_logits_all = None
+    # The teacher (frozen global model) enters the loss only through
+    # objective.prepare_teacher, row by row. When its output for a sample is the same every
+    # epoch (no augmentation, and eval mode or a model without train-mode behaviour) that
+    # is computed once per round for the whole local data; otherwise per batch.
+    teacher_rows = None
     teacher = None
     if objective.needs_teacher:
         teacher = make_teacher(model, cfg.teacher_mode)
-        if cfg.teacher_mode == "eval" and not transform.augments:
-            # The teacher is frozen and (eval mode, no augmentation) deterministic per
-            # sample: its logits are the same every epoch, so compute them once.
+        deterministic = not transform.augments and not (teacher.training and mode_dependent(teacher))
+        if cache_teacher and deterministic:
             with autocast:
-                teacher_logits_all = _predict_logits(teacher, x, transform, cfg.eval_batch_size)
+                logits_all = _predict_logits(teacher, x, transform, cfg.eval_batch_size)
+            teacher_rows = objective.prepare_teacher(logits_all, y)
             teacher = None
 
     # A fresh optimizer every round (momentum does not carry over), as the FedVLS code.
@@ -145,8 +152,8 @@ def train_local(
     )
     model.train()
     n = x.shape[0]
-    loss_sum = torch.zeros((), device=device)
-    term_sums = {name: torch.zeros((), device=device) for name in objective.term_names}
+    # sum over samples of each term (term_names order); the loss is their sum
+    term_sums = torch.zeros(len(objective.term_names), device=device)
     steps = 0
     for _ in range(cfg.local_epochs):
         order = torch.randperm(n, generator=generator).to(device)
@@ -156,36 +163,40 @@ def train_local(
             yb = y[idx]
             with autocast:
                 logits = model(xb)
-                if teacher_logits_all is not None:
-                    teacher_logits = teacher_logits_all[idx]
+                if teacher_rows is not None:
+                    teacher_b = teacher_rows[idx]
                 elif teacher is not None:
                     with torch.no_grad():
-                        teacher_logits = teacher(xb)
+                        teacher_b = objective.prepare_teacher(teacher(xb), yb)
                 else:
-                    teacher_logits = None
-                loss, terms = objective(logits, yb, teacher_logits)
+                    teacher_b = None
+                loss, terms = objective.loss_terms(logits, yb, teacher_b)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            bs = yb.shape[0]
-            loss_sum += loss.detach() * bs
-            for name, value in terms.items():
-                term_sums[name] += value.detach() * bs
+            term_sums.add_(terms, alpha=yb.shape[0])
             steps += 1
-        if not torch.isfinite(loss_sum):
+        if not torch.isfinite(term_sums).all():
             raise NonFiniteLossError(
                 f"local loss became non-finite with method '{cfg.method}' "
                 f"(lr={cfg.lr}); the update was not sent"
             )
     seen = n * cfg.local_epochs
+    means = (term_sums / seen).tolist()
     return TrainResult(
         num_examples=n,
-        loss=float(loss_sum) / seen,
-        terms={name: float(v) / seen for name, v in term_sums.items()},
+        loss=float(sum(means)),
+        terms=dict(zip(objective.term_names, means)),
         num_vacant=int((counts == 0).sum()),
         class_counts=[int(c) for c in counts.tolist()],
         steps=steps,
     )
+
+
+def mode_dependent(model: nn.Module) -> bool:
+    """Whether the model computes differently in train mode (BatchNorm, dropout)."""
+    kinds = (nn.modules.batchnorm._BatchNorm, nn.modules.dropout._DropoutNd)
+    return any(isinstance(m, kinds) for m in model.modules())
 
 
 @torch.no_grad()

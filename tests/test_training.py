@@ -162,3 +162,32 @@ def test_amp_on_cuda_keeps_loss_terms_finite(method):
     assert all(torch.isfinite(torch.tensor(v)) for v in [res.loss, *res.terms.values()])
     assert all(p.dtype == torch.float32 and torch.isfinite(p).all() for p in model.parameters())
     assert res.num_vacant == 7
+
+
+@pytest.mark.parametrize("method", ["fedntd", "fedvls", "fedvls-paper"])
+@pytest.mark.parametrize("teacher_mode", ["eval", "train"])
+def test_teacher_computed_once_per_round_equals_per_batch(method, teacher_mode):
+    """The once-per-round teacher cache gives the same losses and the same trained weights
+    as running the teacher on every batch (an MLP has no train-mode behaviour, so the
+    cache also serves teacher-mode = train)."""
+    x, y = _problem()
+    cfg = _cfg(method=method, teacher_mode=teacher_mode, **({"paper_logit_weight": 0.01} if method == "fedvls-paper" else {}))
+    results, states = [], []
+    for cache in (True, False):
+        model = _mlp()
+        results.append(train_local(model, x, y, NUM_CLASSES, cfg, device=torch.device("cpu"),
+                                   generator=torch.Generator().manual_seed(3), cache_teacher=cache))
+        states.append(_state(model))
+    cached, per_batch = results
+    assert cached.steps == per_batch.steps
+    assert cached.loss == pytest.approx(per_batch.loss, rel=1e-5, abs=1e-7)
+    for name in cached.terms:
+        assert cached.terms[name] == pytest.approx(per_batch.terms[name], rel=1e-5, abs=1e-7), name
+    assert cached.terms[build_objective(method, torch.bincount(y, minlength=NUM_CLASSES)).term_names[1]] != 0.0
+    for key in states[0]:
+        torch.testing.assert_close(states[0][key], states[1][key], rtol=1e-5, atol=1e-6)
+
+
+def test_mode_dependent_models_keep_the_per_batch_teacher_in_train_mode():
+    assert not training.mode_dependent(_mlp())
+    assert training.mode_dependent(_tiny_convnet())
