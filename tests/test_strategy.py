@@ -202,3 +202,17 @@ def test_client_evaluate_round_uses_the_local_test_split():
     assert 0 <= sum(metrics["correct-per-class"]) <= metrics["num-examples"]
     no_split = evaluate_round(content, {"partition-id": 0, "num-partitions": 3, "cache-dir": ""})[METRICS_KEY]
     assert no_split["num-examples"] == 0
+
+
+def test_simulation_grid_polls_for_replies_every_10_ms():
+    from fedvls_flwr.strategy import poll_replies_often
+
+    class InMemoryLike(FakeGrid):
+        pull_interval = 0.1
+
+    grid = InMemoryLike([11], good)
+    poll_replies_often(grid)
+    assert grid.pull_interval == 0.01
+    plain = FakeGrid([11], good)  # a deployment Grid has no such setting: untouched
+    poll_replies_often(plain)
+    assert not hasattr(plain, "pull_interval")
