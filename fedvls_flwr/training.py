@@ -26,6 +26,7 @@ from torch import nn
 from .augment import make_batch_transform
 from .config import RunConfig
 from .objectives import Objective, ObjectiveParams, build_objective
+from .sgd import LocalSGD
 
 
 logger = logging.getLogger(__name__)
@@ -146,10 +147,9 @@ def train_local(
             teacher_rows = objective.prepare_teacher(logits_all, y)
             teacher = None
 
-    # A fresh optimizer every round (momentum does not carry over), as the FedVLS code.
-    optimizer = torch.optim.SGD(
-        model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
-    )
+    # A fresh optimizer every round (momentum does not carry over), as the FedVLS code;
+    # torch.optim.SGD's update without torch.optim's import cost (see sgd.py).
+    optimizer = LocalSGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     model.train()
     n = x.shape[0]
     # sum over samples of each term (term_names order); the loss is their sum
@@ -171,7 +171,7 @@ def train_local(
                 else:
                     teacher_b = None
                 loss, terms = objective.loss_terms(logits, yb, teacher_b)
-            optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad()
             loss.backward()
             optimizer.step()
             term_sums.add_(terms, alpha=yb.shape[0])
