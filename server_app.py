@@ -3,12 +3,14 @@
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from fedvls_flwr.config import parse_run_config
-from fedvls_flwr.server import run_experiment
+from fedvls_flwr.config import parse_run_config  # no torch: a bad value fails before any heavy import
 
 app = ServerApp()
 
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    run_experiment(grid, parse_run_config(dict(context.run_config)))
+    cfg = parse_run_config(dict(context.run_config))
+    from fedvls_flwr.server import run_experiment
+
+    run_experiment(grid, cfg)

@@ -37,7 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from click import ClickException
+
+from .check import check_run_config
 from .launch import PROJECT_DIR, LocalSuperLink, RunOutcome, TlsFiles
+from .node_data import parse_node_config
 
 __all__ = ["make_certificates", "make_supernode_key", "CertificateSet", "run_local", "main"]
 
@@ -467,10 +471,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.node_data and args.node_dataset == "folder" and not args.classes:
         parser.error("--node-data with folder data needs --classes 'name0,name1,...' (fixes the label ids)")
     configs = node_configs(nodes, args.node_data, args.node_dataset, args.classes, args.node_config)
+    try:  # a bad value costs nothing: checked before any process starts
+        run_config = parse_config_string(args.run_config)
+        check_run_config(run_config, data=False, app_dir=args.app)
+        for config in configs:
+            parse_node_config(config)
+    except (ValueError, ClickException) as err:
+        print(f"[deploy] nothing started: {getattr(err, 'message', err)}", file=sys.stderr)
+        return 2
     try:
         outcome, run_dir, _ = run_local(
             nodes, secure=not args.insecure, auth=not (args.insecure or args.no_auth),
-            run_config=parse_config_string(args.run_config), configs=configs,
+            run_config=run_config, configs=configs,
             workdir=args.workdir, app_dir=args.app, timeout=args.timeout,
             env_extra={"FLWR_LOG_LEVEL": "DEBUG"} if args.debug_logs else None,
         )

@@ -129,24 +129,17 @@ def load_preset(path: Path | str, *, sets: dict[str, Any] | None = None, seeds: 
 
 
 def check_data(preset: Preset) -> None:
-    """Load every dataset once now, so a missing one fails before any SuperLink starts."""
-    from .node_data import dataset_for
+    """Every run's dataset and partition now, so that a missing dataset or a split that
+    cannot be drawn fails before any SuperLink starts (datasets and splits are cached)."""
+    from .check import check_run_config
 
-    seen = set()
     for overrides in preset.runs:
         run, federation = split_federation(overrides)
-        cfg = parse_run_config(run)
         nodes = federation.get("num-supernodes", preset.federation.get("num-supernodes"))
-        if cfg.dataset == "synthetic" and nodes != cfg.synthetic_clients:
-            raise PresetError(
-                f"preset {preset.path}: dataset synthetic with synthetic-clients={cfg.synthetic_clients} "
-                f"needs num-supernodes={cfg.synthetic_clients} (one client per node), not {nodes}"
-            )
-        key = (cfg.dataset, str(cfg.resolved_data_dir()), cfg.download, cfg.synthetic_alpha, cfg.synthetic_beta,
-               cfg.synthetic_clients, cfg.seed if cfg.dataset == "synthetic" else None)
-        if key not in seen:
-            seen.add(key)
-            dataset_for(cfg)
+        try:
+            check_run_config({k: v for k, v in run.items() if k != "run-name"}, num_supernodes=nodes)
+        except (ValueError, FileNotFoundError) as err:  # bad key / split, missing dataset
+            raise PresetError(f"preset {preset.path}: run {overrides['run-name']}: {err}") from None
 
 
 def run_preset(

@@ -34,3 +34,20 @@ def test_bad_preset_fails_before_anything_starts(tmp_path):
     bad.write_text("base: {dataset: digits}\ngrid: {method: [fedavg, fedprox]}\n")
     with pytest.raises(PresetError, match="'method' = 'fedprox' is not allowed"):
         load_preset(bad)
+
+
+@pytest.mark.parametrize(
+    "base, message",
+    [
+        ("{dataset: mnist10k, data-dir: /nonexistent}", "/nonexistent"),
+        ("{dataset: digits, partition: shards, shards-per-client: 500}", "shards_per_client=500"),
+    ],
+)
+def test_missing_data_or_impossible_split_fails_before_any_superlink(tmp_path, base, message, monkeypatch):
+    from fedvls_flwr import sweep
+
+    monkeypatch.setattr(sweep.LocalSuperLink, "start", lambda *a, **k: pytest.fail("a SuperLink was started"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"base: {base}\ngrid: {{method: [fedavg]}}\n")
+    with pytest.raises(PresetError, match=message):
+        sweep.run_preset(load_preset(bad), tmp_path / "out", report=False)
