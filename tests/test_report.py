@@ -251,3 +251,44 @@ def test_make_report(runs_root: Path, tmp_path: Path):
     assert all(_is_png(p) for p in pngs)
     # default output folder
     assert make_report(runs_root)["table_md"].parent == runs_root / "report"
+
+
+def test_diagnostics_table_averages_the_last_rounds_then_the_seeds(tmp_path):
+    """Drift diversity and the local-update view: mean over the last LAST_ROUNDS rounds of
+    each run (12 rounds here: rounds 1-2 are left out), then over seeds."""
+    from fedvls_flwr.report import LAST_ROUNDS, write_diagnostics
+
+    assert LAST_ROUNDS == 10
+    runs_dir = tmp_path / "runs"
+    for seed, (drift, vacant_local) in enumerate([(2.0, 0.10), (4.0, 0.30)]):
+        run = _write_run(runs_dir / f"fedvls-{seed}", _config("fedvls", seed, **{"local-eval": True}), 0.7, 0.6)
+        records = [json.loads(line) for line in (run / "rounds.jsonl").read_text().splitlines()][:1]
+        for r in range(1, 13):
+            early = r <= 2  # outside the last 10 rounds: must not count
+            records.append({
+                "round": r, "accuracy": 0.5, "drift_diversity": 100.0 if early else drift,
+                "local_update": {
+                    "vacant": {"local": 0.9 if early else vacant_local, "global": 0.5, "clients": 2},
+                    "minority": {"local": 0.6, "global": 0.5, "clients": 1},
+                    "majority": {"local": 0.8, "global": None, "clients": 2},
+                },
+            })
+        (run / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    runs = load_runs(runs_dir)
+    md, csv_path = write_diagnostics(table(runs), runs, tmp_path / "report")
+    row = next(csv.DictReader(csv_path.open()))
+    assert float(row["drift_diversity_mean"]) == pytest.approx(3.0)
+    assert float(row["drift_diversity_std"]) == pytest.approx(math.sqrt(2.0))
+    assert float(row["vacant_local_mean"]) == pytest.approx(20.0)
+    assert float(row["vacant_global_mean"]) == pytest.approx(50.0)
+    assert float(row["minority_local_mean"]) == pytest.approx(60.0)
+    assert row["majority_global_mean"] == ""  # never recorded: empty, not a number
+    assert "| mnist10k | dirichlet | 0.05 | FedVLS | 2 | 3.00 ± 1.41 | 20.00 ± 14.14 |" in md.read_text()
+
+
+def test_no_diagnostics_table_without_drift_records(tmp_path):
+    from fedvls_flwr.report import write_diagnostics
+
+    _write_run(tmp_path / "runs" / "a", _config("fedavg", 0), 0.9, 0.8)
+    runs = load_runs(tmp_path / "runs")
+    assert write_diagnostics(table(runs), runs, tmp_path / "report") is None
