@@ -8,10 +8,13 @@ busy machine distorts the comparison less.
 
 Prints Markdown tables:
 
-1. training images/s (forward + backward + SGD step, normalisation included) of a plain
-   loop that indexes whole tensors (what :mod:`fedvls_flwr.training` does) vs an
-   idiomatic ``DataLoader(TensorDataset(x, y), batch_size=64, shuffle=True)`` loop, for
-   mobilenetv2, resnet18 and resnet32;
+1. training images/s of one local epoch (forward + backward + SGD step, normalisation
+   included, no augmentation) for mobilenetv2, resnet18 and resnet32: the app's client
+   loop (:func:`fedvls_flwr.training.train_local`, with the FedAvg objective and with
+   FedVLS on a client holding 3 of the 10 classes, so the teacher and all three terms
+   run) next to two plain PyTorch loops with cross-entropy and ``torch.optim.SGD``: one
+   that indexes whole tensors, and the idiomatic
+   ``DataLoader(TensorDataset(x, y), batch_size=64, shuffle=True)``;
 2. augmentation images/s: the batched transform (crop + flip + per-sample AutoAugment +
    normalise, :mod:`fedvls_flwr.augment`) vs the classic per-image PIL pipeline
    (``Image.fromarray`` + RandomCrop + RandomHorizontalFlip + AutoAugment + ToTensor +
@@ -38,7 +41,9 @@ from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from fedvls_flwr.augment import make_batch_transform, per_sample_reference_transform  # noqa: E402
+from fedvls_flwr.config import RunConfig  # noqa: E402
 from fedvls_flwr.models import build_model  # noqa: E402
+from fedvls_flwr.training import train_local  # noqa: E402
 
 MEAN = (0.4914, 0.4822, 0.4465)
 STD = (0.2470, 0.2435, 0.2616)
@@ -110,6 +115,23 @@ def bench_dataloader(name, x, y, batch, device) -> float:
     return x.shape[0] / (time.perf_counter() - t0)
 
 
+def bench_app(name, x, y, batch, device, method) -> float:
+    """The app's client loop: one local epoch of ``train_local`` (objective built from the
+    client's class counts, teacher prepared once, LocalSGD), normalisation, no augmentation."""
+    cfg = RunConfig(method=method, local_epochs=1, batch_size=batch, augment=False, device=device.type)
+    model = build_model(name, (3, 32, 32), 10)
+    # warm-up: a couple of batches through the same code path
+    train_local(model, x[: 2 * batch], y[: 2 * batch], 10, cfg, device=device,
+                generator=torch.Generator().manual_seed(1), mean=MEAN, std=STD)
+    torch.manual_seed(0)
+    model = build_model(name, (3, 32, 32), 10)
+    _sync(device)
+    t0 = time.perf_counter()
+    train_local(model, x, y, 10, cfg, device=device, generator=torch.Generator().manual_seed(0), mean=MEAN, std=STD)
+    _sync(device)
+    return x.shape[0] / (time.perf_counter() - t0)
+
+
 def bench_batched_aug(x, batch, device, **kw) -> float:
     t = make_batch_transform(MEAN, STD, train=True, augment=True, generator=torch.Generator().manual_seed(0), **kw)
     x = x.to(device)
@@ -170,16 +192,23 @@ def main() -> None:
             print(f"GPU: {torch.cuda.get_device_name(d)}")
     print(f"CPU cores: {os.cpu_count()}; load average at start: {_load()}")
     print()
-    print("| device | model | plain loop (img/s) | DataLoader(TensorDataset) (img/s) | plain / DataLoader |")
-    print("| --- | --- | ---: | ---: | ---: |")
+    print("| device | model | plain loop, whole tensors | plain loop, DataLoader | app client, FedAvg "
+          "| app client, FedVLS (3 of 10 classes) | app FedAvg / plain whole tensors | app FedAvg / DataLoader "
+          "| FedVLS / FedAvg (time) |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    y3 = y % 3  # a label-skewed client: classes 0-2 present, 7 vacant
     for d in devices:
         for name in MODELS:
             xt, yt = x[:n_train], y[:n_train]
-            plain = dl = 0.0
+            plain = dl = app = app_vls = 0.0
             for _ in range(repeats):  # interleaved, best kept: robust to a busy machine
                 plain = max(plain, bench_plain(name, xt, yt, args.batch, d))
                 dl = max(dl, bench_dataloader(name, xt, yt, args.batch, d))
-            print(f"| {d.type} | {name} | {plain:,.0f} | {dl:,.0f} | {plain / dl:.2f}x |", flush=True)
+                app = max(app, bench_app(name, xt, yt, args.batch, d, "fedavg"))
+                app_vls = max(app_vls, bench_app(name, xt, y3[:n_train], args.batch, d, "fedvls"))
+            print(f"| {d.type} | {name} | {plain:,.1f} | {dl:,.1f} | {app:,.1f} | {app_vls:,.1f} "
+                  f"| {plain / app:.2f}x | {dl / app:.2f}x | {app / app_vls:.2f}x |", flush=True)
+    print("\n(images/s of one local epoch; the ratios are time ratios: above 1 = the app's client is slower)")
 
     print()
     print("| device | augmentation (crop + flip + AutoAugment CIFAR10 + normalise) | img/s |")
