@@ -508,7 +508,7 @@ def build_tables(results: dict[str, dict[str, list[dict]]], meta: dict[str, Any]
                 med[m][v][key] = median([r.get(key) for r in runs])
     lines = []
     add = lines.append
-    add(f"# Seconds per round: app vs plain loop\n")
+    add("# Seconds per round: app vs plain loop\n")
     add(f"{meta['workload']}  \n{meta['machine']}  \nrepetitions: {meta['reps']}; figures are medians over them "
         f"(range in brackets); steady state = median of rounds 2..{meta['rounds']}.\n")
     add("## Steady-state seconds per round\n")

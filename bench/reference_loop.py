@@ -63,9 +63,9 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from fedvls_flwr.data import load_dataset  # noqa: E402
 from fedvls_flwr.models import build_model, default_model  # noqa: E402
-from fedvls_flwr.objectives import ObjectiveParams, build_objective  # noqa: E402
+from fedvls_flwr.objectives import build_objective  # noqa: E402
 from fedvls_flwr.partition import partition_indices  # noqa: E402
-from fedvls_flwr.training import mode_dependent  # noqa: E402
+from fedvls_flwr.training import mode_dependent, objective_params  # noqa: E402
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 DEFAULT_DATA_DIR = (PROJECT_DIR / ".." / "shared" / "data").resolve()
@@ -113,19 +113,6 @@ class RefConfig:
         out = {f.name.replace("_", "-"): getattr(self, f.name) for f in fields(self) if f.name not in skip}
         out["num-server-rounds"] = self.num_server_rounds
         return out
-
-
-def objective_params(cfg: RefConfig) -> ObjectiveParams:
-    return ObjectiveParams(
-        lambda_dis=cfg.lambda_dis,
-        logit_weight=cfg.paper_logit_weight if cfg.method == "fedvls-paper" else cfg.logit_weight,
-        use_dis=cfg.use_dis,
-        use_logit=cfg.use_logit,
-        fedlc_tau=cfg.fedlc_tau,
-        fedlc_form=cfg.fedlc_form,
-        fedntd_beta=cfg.fedntd_beta,
-        fedntd_tau=cfg.fedntd_tau,
-    )
 
 
 def batch_seed(seed: int, server_round: int, client: int) -> int:

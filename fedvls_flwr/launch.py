@@ -133,7 +133,7 @@ def stop_process(proc: subprocess.Popen, timeout: float = 15.0) -> None:
     except subprocess.TimeoutExpired:
         pass
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(_alive(pid) for pid in tree[1:]):
+    while time.monotonic() < deadline and any(is_running(pid) for pid in tree[1:]):
         time.sleep(0.2)
     for pid in tree + descendants(proc.pid):
         _signal(pid, signal.SIGKILL)
@@ -150,7 +150,8 @@ def _signal(pid: int, sig: int) -> None:
         pass
 
 
-def _alive(pid: int) -> bool:
+def is_running(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:

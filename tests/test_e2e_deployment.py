@@ -10,7 +10,6 @@ is started in its own process group and stopped by PID; the tests check none is 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +19,7 @@ from PIL import Image
 from fedvls_flwr.deploy import make_certificates, run_local
 from fedvls_flwr.launch import LocalSuperLink
 from fedvls_flwr.results import read_rounds
+from tests.processes import leftovers
 
 pytestmark = pytest.mark.e2e
 
@@ -32,25 +32,6 @@ def run_config(out: Path, nodes: int) -> dict:
         "dirichlet-beta": 0.5, "output-dir": str(out), "run-name": "e2e", "min-nodes": nodes,
         "round-timeout": 300.0,
     }
-
-
-def leftovers(pids: list[int], tmp_path: Path) -> list[int]:
-    """Live processes we started, or that they started: every Flower process of a test
-    inherits ``FLWR_HOME`` under ``tmp_path`` (the SuperExecs run in sessions of their
-    own, so process groups alone would miss them)."""
-    marker = f"FLWR_HOME={tmp_path}".encode()
-    alive = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if state != "Z" and (int(entry.name) in pids or marker in environ):
-            alive.append(int(entry.name))
-    return alive
 
 
 def check_results(run_dir: Path, accepted: int) -> list[dict]:

@@ -30,6 +30,7 @@ import pytest
 
 from fedvls_flwr.launch import LocalSuperLink, descendants
 from fedvls_flwr.results import read_rounds
+from tests.processes import leftovers, processes_with_home
 
 pytestmark = pytest.mark.e2e
 
@@ -48,42 +49,6 @@ def run_config(out: Path, min_nodes: int, round_timeout: float) -> dict:
 
 def node_env(tmp_path: Path) -> dict[str, str]:
     return {"FEDVLS_CACHE_DIR": str(tmp_path / "node-cache")}
-
-
-def leftovers(pids: list[int], tmp_path: Path) -> list[int]:
-    """Live processes we started, or that they started (the same check as
-    tests/test_e2e_deployment.py): every Flower process of a test inherits ``FLWR_HOME``
-    under ``tmp_path``."""
-    marker = f"FLWR_HOME={tmp_path}".encode()
-    alive = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if state != "Z" and (int(entry.name) in pids or marker in environ):
-            alive.append(int(entry.name))
-    return alive
-
-
-def processes_with_home(home: Path) -> list[int]:
-    """Live processes whose environment holds exactly ``FLWR_HOME=<home>`` (one node's)."""
-    marker = b"\0" + f"FLWR_HOME={home}".encode() + b"\0"
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            environ = b"\0" + (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if state != "Z" and marker in environ:
-            found.append(int(entry.name))
-    return found
 
 
 def kill_tree(proc, home: Path) -> None:

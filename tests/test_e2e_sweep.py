@@ -3,7 +3,6 @@ sweep killed after its first run that finishes the rest without re-running that 
 
 import csv
 import json
-import os
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ import pytest
 from fedvls_flwr.launch import PROJECT_DIR, descendants, stop_process
 from fedvls_flwr.report import method_label
 from fedvls_flwr.sweep import load_preset, run_preset
+from tests.processes import assert_none_left
 
 pytestmark = pytest.mark.e2e
 
@@ -43,46 +43,6 @@ def write_preset(tmp_path: Path) -> Path:
     return path
 
 
-def processes_with_home(flwr_home: Path) -> list[int]:
-    """Live processes whose environment names this FLWR_HOME (every Flower/Ray process a
-    sweep starts inherits it, including any that were re-parented to init)."""
-    needle = f"FLWR_HOME={flwr_home}".encode()
-    found = []
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            entries = environ.read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if needle in entries:
-            found.append(int(environ.parent.name))
-    return found
-
-
-def assert_no_leftovers(flwr_home: Path, pids: set[int] = frozenset(), timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        left = set(processes_with_home(flwr_home)) | {p for p in pids if _alive(p)}
-        if not left or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert not left, f"processes still running: {[_cmdline(p) for p in sorted(left)]}"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return f"{pid}: " + Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
-    except OSError:
-        return f"{pid}: (gone)"
-
-
 def read_csv(path: Path) -> list[dict[str, str]]:
     with path.open(newline="") as handle:
         return list(csv.DictReader(handle))
@@ -94,7 +54,7 @@ def test_tiny_preset_runs_end_to_end_and_its_table_matches_the_summaries(tmp_pat
     out = tmp_path / "out"
     logs: list[str] = []
     result = run_preset(preset, out, timeout=RUN_TIMEOUT, log=logs.append)
-    assert_no_leftovers((out / ".flwr-home").resolve())
+    assert_none_left((), (out / ".flwr-home").resolve())
 
     assert result["statuses"] == {FIRST: "finished:completed", SECOND: "finished:completed"}, "\n".join(logs)
     summaries = {}
@@ -167,7 +127,7 @@ def test_sweep_killed_after_its_first_run_resumes_without_rerunning_it(tmp_path)
             stop_process(proc)
     assert proc.returncode not in (0, None), "the sweep ended by itself instead of being interrupted"
     assert seen, "the sweep started no processes?"
-    assert_no_leftovers(flwr_home, seen | {proc.pid})
+    assert_none_left(seen | {proc.pid}, flwr_home)
     # it was really interrupted: the second run had not finished
     assert not (out / SECOND / "summary.json").exists()
     assert not (out / "report").exists()
@@ -177,7 +137,7 @@ def test_sweep_killed_after_its_first_run_resumes_without_rerunning_it(tmp_path)
 
     logs: list[str] = []
     result = run_preset(load_preset(preset_path), out, timeout=RUN_TIMEOUT, log=logs.append)
-    assert_no_leftovers(flwr_home)
+    assert_none_left((), flwr_home)
     assert result["statuses"] == {
         FIRST: "skipped (finished earlier)", SECOND: "finished:completed",
     }, "\n".join(logs)
