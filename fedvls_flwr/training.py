@@ -139,13 +139,16 @@ def train_local(
     teacher_rows = None
     teacher = None
     if objective.needs_teacher:
-        teacher = make_teacher(model, cfg.teacher_mode)
-        deterministic = not transform.augments and not (teacher.training and mode_dependent(teacher))
+        teacher_train_mode = cfg.teacher_mode == "train"
+        deterministic = not transform.augments and not (teacher_train_mode and mode_dependent(model))
         if cache_teacher and deterministic:
+            # the model still holds the received global weights: it is the teacher here
+            model.train(teacher_train_mode)
             with autocast:
-                logits_all = _predict_logits(teacher, x, transform, cfg.eval_batch_size)
+                logits_all = _predict_logits(model, x, transform, cfg.eval_batch_size)
             teacher_rows = objective.prepare_teacher(logits_all, y)
-            teacher = None
+        else:
+            teacher = make_teacher(model, cfg.teacher_mode)
 
     # A fresh optimizer every round (momentum does not carry over), as the FedVLS code;
     # torch.optim.SGD's update without torch.optim's import cost (see sgd.py).
