@@ -755,6 +755,12 @@ def _client_matrix(clients: dict[str, Any]) -> tuple[np.ndarray, list[Any]]:
     return matrix, ids
 
 
+def _client_rows(clients: dict[str, Any]) -> dict[Any, tuple[int, ...]]:
+    """partition id -> class counts, for comparing recorded partitions."""
+    matrix, ids = _client_matrix(clients)
+    return {pid: tuple(int(v) for v in row) for pid, row in zip(ids, matrix)}
+
+
 def holders_per_class(clients: dict[str, Any]) -> np.ndarray:
     """How many clients hold at least one sample of each class."""
     matrix, _ = _client_matrix(clients)
@@ -955,14 +961,15 @@ def make_report(
             written[f"per-class-{slug}"] = plot_per_class(
                 group, out_dir / f"per-class-{slug}.png", clients=_same_partition(group)
             )
-        seen: list[np.ndarray] = []
-        for run in sorted(group, key=lambda r: str(r.seed)):
-            if not run.clients:
-                continue
-            matrix = _client_matrix(run.clients)[0]
-            if matrix.size == 0 or any(m.shape == matrix.shape and np.array_equal(m, matrix) for m in seen):
-                continue
-            seen.append(matrix)
+        seen: list[dict] = []
+        # most clients first: a run that stopped early recorded only the clients it heard
+        # from, a part of a partition another run of the same seed shows whole
+        with_clients = [r for r in group if r.clients and _client_matrix(r.clients)[0].size]
+        for run in sorted(with_clients, key=lambda r: (str(r.seed), -len(_client_rows(r.clients)))):
+            rows_ = _client_rows(run.clients)
+            if any(all(other.get(pid) == counts for pid, counts in rows_.items()) for other in seen):
+                continue  # the same partition (or a part of one) is plotted already
+            seen.append(rows_)
             name = f"partition-{slug}-s{_slug(str(run.seed))}"
             if name in written:
                 name = f"{name}-{len(seen)}"

@@ -292,3 +292,16 @@ def test_no_diagnostics_table_without_drift_records(tmp_path):
     _write_run(tmp_path / "runs" / "a", _config("fedavg", 0), 0.9, 0.8)
     runs = load_runs(tmp_path / "runs")
     assert write_diagnostics(table(runs), runs, tmp_path / "report") is None
+
+
+def test_partial_partition_of_a_stopped_run_is_not_drawn_again(tmp_path):
+    """A run that stopped early recorded only the clients it heard from: the whole
+    partition of another run of the same seed is drawn, the part is not."""
+    part = {"num_classes": 4, "clients": CLIENTS["clients"][:2]}
+    _write_run(tmp_path / "runs" / "whole", _config("fedavg", 0), 0.9, 0.8)
+    _write_run(tmp_path / "runs" / "part", _config("fedvls", 0), 0.5, 0.4, clients=part)
+    other = {"num_classes": 4, "clients": [{"partition_id": 0, "class_counts": [1, 2, 3, 4]}]}
+    _write_run(tmp_path / "runs" / "other", _config("fedvls-paper", 0), 0.1, 0.1, clients=other)
+    written = make_report(tmp_path / "runs", tmp_path / "report")
+    partitions = sorted(name for name in written if name.startswith("partition"))
+    assert partitions == ["partition-mnist10k-dirichlet-0.05-s0", "partition-mnist10k-dirichlet-0.05-s0-2"]
