@@ -2,12 +2,15 @@
 and an invalid run config that fails the run with a message naming the key."""
 
 import json
+import os
+import signal
 import time
 
 import pytest
 
 from fedvls_flwr.launch import LocalSuperLink
 from fedvls_flwr.results import read_rounds
+from tests.processes import processes_with_home
 
 pytestmark = pytest.mark.e2e
 
@@ -30,7 +33,7 @@ def test_raising_and_nan_clients_are_dropped_and_recorded(tmp_path):
 
 
 def test_killed_server_resumes_with_every_round_once(tmp_path):
-    n = 4
+    n = 6
     cfg = {**BASE, "num-server-rounds": n, "output-dir": str(tmp_path), "run-name": "resumed", "resume": True}
     run_dir = tmp_path / "resumed"
     with LocalSuperLink(tmp_path / "home1") as link:
@@ -40,10 +43,17 @@ def test_killed_server_resumes_with_every_round_once(tmp_path):
             state = run_dir / "state.json"
             if state.exists() and json.loads(state.read_text())["round"] >= 2:
                 break
-            time.sleep(0.2)
+            time.sleep(0.05)
         else:
             pytest.fail("round 2 never finished")
-    # leaving the block killed the SuperLink's whole process group mid-run
+        # SIGKILL, no grace period: every process of this run (SuperLink, SuperExec, the
+        # simulation with the ServerApp, Ray and its actors) dies mid-run. A graceful stop
+        # would give the fast digits rounds time to finish the run before the kill.
+        for pid in processes_with_home(tmp_path / "home1"):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
     killed_at = json.loads((run_dir / "state.json").read_text())["round"]
     assert killed_at < n and not (run_dir / "summary.json").exists()
 
