@@ -33,6 +33,7 @@ from functools import lru_cache
 
 import numpy as np
 import torch
+from threadpoolctl import threadpool_limits
 
 NUM_FEATURES = 60
 NUM_CLASSES = 10
@@ -110,7 +111,15 @@ def make_synthetic(
     if not (isinstance(test_fraction, (int, float)) and 0.0 <= test_fraction < 1.0):
         raise ValueError(f"test_fraction must lie in [0, 1), got {test_fraction!r}")
 
-    rng = np.random.default_rng(int(seed))
+    # One BLAS thread: the products are tiny (n_k x 60 @ 60 x 10), and numpy's threaded
+    # OpenBLAS hung for good (spinning in exec_blas) inside a flwr-simulation process,
+    # where Ray's and Flower's threads share the cores. Same values, no thread pool.
+    with threadpool_limits(limits=1, user_api="blas"):
+        return _generate(alpha, beta, num_clients, int(seed), test_fraction)
+
+
+def _generate(alpha: float, beta: float, num_clients: int, seed: int, test_fraction: float) -> SyntheticFederation:
+    rng = np.random.default_rng(seed)
     counts = synthetic_sample_counts(rng, num_clients)
     u = rng.normal(0.0, alpha, num_clients)  # mean of W_k and b_k
     big_b = rng.normal(0.0, beta, num_clients)  # mean of v_k
