@@ -284,12 +284,19 @@ def config_value(config: dict[str, Any], key: str) -> Any:
     """The value of a config key for grouping; ``method`` gives the variant label.
 
     Partition parameters that do not apply (``dirichlet-beta`` of a shards run,
-    ``shards-per-client`` of a Dirichlet run) read as None, so such runs are not split or
-    mislabelled by an unused default.
+    ``shards-per-client`` of a Dirichlet run, both of a ``synthetic`` run, whose partition
+    reads ``natural``; ``synthetic-*`` of any other dataset) read as None, so such runs
+    are not split or mislabelled by an unused default.
     """
     if key in ("method", "label"):
         return method_label(config)
-    partition = config.get("partition")
+    synthetic = config.get("dataset") == "synthetic"
+    if key.startswith("synthetic-") and not synthetic:
+        return None
+    # Synthetic's clients are the generator's own (a natural split): no partitioner runs
+    partition = "natural" if synthetic else config.get("partition")
+    if key == "partition":
+        return partition
     if key == "dirichlet-beta" and partition is not None and partition != "dirichlet":
         return None
     if key == "shards-per-client" and partition is not None and partition != "shards":
@@ -660,7 +667,9 @@ def _common_title(runs: Sequence[RunRecord]) -> str:
     if shared("dataset") is not None:
         parts.append(str(shared("dataset")))
     partition = shared("partition")
-    if partition == "dirichlet" and shared("dirichlet-beta") is not None:
+    if partition == "natural" and shared("synthetic-alpha") is not None and shared("synthetic-beta") is not None:
+        parts.append(f"Synthetic(α={_fmt_value(shared('synthetic-alpha'))}, β={_fmt_value(shared('synthetic-beta'))})")
+    elif partition == "dirichlet" and shared("dirichlet-beta") is not None:
         parts.append(f"Dirichlet β={_fmt_value(shared('dirichlet-beta'))}")
     elif partition == "shards" and shared("shards-per-client") is not None:
         parts.append(f"shards s={_fmt_value(shared('shards-per-client'))}")

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from fedvls_flwr.report import (
+    _common_title,
     load_run,
     load_runs,
     make_report,
@@ -199,6 +200,18 @@ def test_table_notes_mixed_settings_and_unused_partition_keys(tmp_path: Path):
     assert ("mnist10k", "shards", None) in t.row_values  # beta of a shards run is not shown
     assert any("num-server-rounds" in note for note in t.notes)
     assert not any("lambda-dis" in note for note in t.notes)
+
+
+def test_synthetic_runs_are_labelled_by_alpha_beta_not_by_an_unused_dirichlet_default(tmp_path: Path):
+    synthetic = {"dataset": "synthetic", "synthetic-alpha": 0.5, "synthetic-beta": 0.5}
+    _write_run(tmp_path / "s", _config("fedavg", 0, **synthetic), 0.7, 0.7)
+    _write_run(tmp_path / "m", _config("fedavg", 0, **{"synthetic-alpha": 1.0}), 0.9, 0.9)
+    runs = load_runs(tmp_path)
+    t = table(runs, rows=("dataset", "partition", "dirichlet-beta", "synthetic-alpha"))
+    assert ("synthetic", "natural", None, 0.5) in t.row_values
+    assert ("mnist10k", "dirichlet", 0.05, None) in t.row_values  # alpha of mnist10k is not shown
+    synthetic_run = next(r for r in runs if r.config["dataset"] == "synthetic")
+    assert _common_title([synthetic_run]) == "synthetic · Synthetic(α=0.5, β=0.5)"
 
 
 def test_plots_are_pngs(runs_root: Path, tmp_path: Path):
