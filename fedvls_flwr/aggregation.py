@@ -51,7 +51,9 @@ def weighted_average(replies: list[Reply], reference: ArrayDict) -> ArrayDict:
     """sum_i (n_i / sum_j n_j) w_i per array, in float64, cast back to each dtype.
 
     Integer buffers (BatchNorm's ``num_batches_tracked``) are averaged and rounded so
-    the global state keeps the layout the clients expect.
+    the global state keeps the layout the clients expect. Every output array has its
+    reference's shape and dtype, 0-d arrays included (``np.rint`` of a 0-d array returns
+    a numpy scalar, so rounding happens in place).
     """
     if not replies:
         raise ValueError("weighted_average needs at least one reply")
@@ -61,7 +63,9 @@ def weighted_average(replies: list[Reply], reference: ArrayDict) -> ArrayDict:
         acc = np.zeros(ref.shape, dtype=np.float64)
         for r in replies:
             acc += (r.num_examples / total) * r.arrays[key]
-        out[key] = np.rint(acc).astype(ref.dtype) if ref.dtype.kind in "iub" else acc.astype(ref.dtype)
+        if ref.dtype.kind in "iub":
+            np.rint(acc, out=acc)
+        out[key] = acc.astype(ref.dtype)
     return out
 
 

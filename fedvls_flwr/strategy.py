@@ -50,7 +50,12 @@ def to_numpy_dict(record: ArrayRecord) -> dict[str, np.ndarray]:
 
 
 def to_array_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
-    return ArrayRecord({key: Array(np.ascontiguousarray(value)) for key, value in arrays.items()})
+    """Arrays -> ArrayRecord, each C-contiguous with its shape and dtype kept.
+
+    ``np.ascontiguousarray`` would turn a 0-d array (BatchNorm's ``num_batches_tracked``)
+    into shape (1,), and every client would then send back shape () - a mismatch.
+    """
+    return ArrayRecord({key: Array(np.require(value, requirements="C")) for key, value in arrays.items()})
 
 
 def short_reason(reason: str, limit: int = 600) -> str:

@@ -58,3 +58,27 @@ def test_drift_diversity_hand_values():
     # orthogonal updates: 2 / 2 = 1
     ortho = [{"w": np.array([1.0, 0.0], np.float32)}, {"w": np.array([0.0, 1.0], np.float32)}]
     assert drift_diversity(ortho, ref) == pytest.approx(1.0)
+
+
+def test_weighted_average_keeps_shape_and_dtype_of_every_array_0d_included():
+    """BatchNorm's num_batches_tracked is a 0-d int64: it must stay 0-d int64 (round 2 of
+    every conv model failed when it came back as a numpy scalar / shape (1,))."""
+    ref = {
+        "count": np.array(0, np.int64),
+        "flag": np.array(0, np.uint8),
+        "scalar": np.array(0.0, np.float32),
+        "w": np.zeros((3,), np.float64),
+    }
+    replies = [
+        Reply(str(i), {"count": np.array(c, np.int64), "flag": np.array(1, np.uint8),
+                       "scalar": np.array(s, np.float32), "w": np.full(3, s)}, n, {})
+        for i, (c, s, n) in enumerate([(10, 1.0, 1), (20, 3.0, 3)])
+    ]
+    out = weighted_average(replies, ref)
+    for key, value in ref.items():
+        assert isinstance(out[key], np.ndarray), key
+        assert out[key].shape == value.shape and out[key].dtype == value.dtype, key
+    assert int(out["count"]) == 18  # rint(0.25 * 10 + 0.75 * 20) = rint(17.5) = 18 (half to even)
+    assert float(out["scalar"]) == pytest.approx(2.5)
+    # the aggregate is a valid reference for the next round: replies of the same layout pass
+    assert all(check_reply(r, out) is None for r in replies)

@@ -216,3 +216,27 @@ def test_simulation_grid_polls_for_replies_every_10_ms():
     plain = FakeGrid([11], good)  # a deployment Grid has no such setting: untouched
     poll_replies_often(plain)
     assert not hasattr(plain, "pull_interval")
+
+
+def test_aggregated_record_round_trips_0d_integer_buffers_across_rounds():
+    """Three rounds on a model with a BatchNorm-style 0-d buffer: each round's aggregate,
+    through the ArrayRecord the strategy broadcasts, is the reference the next round's
+    replies are checked against; every reply of every round must be accepted."""
+    layout = {"w": np.zeros((2, 2), np.float32), "bn.num_batches_tracked": np.array(0, np.int64)}
+    strategy = FedVLSStrategy(RunConfig())
+    reference = layout
+    for server_round in (1, 2, 3):
+        strategy.report.sampled = 2
+        replies = [
+            reply(node, {"w": np.full((2, 2), node, np.float32),
+                         "bn.num_batches_tracked": np.array(server_round * 5, np.int64)}, 10)
+            for node in (1, 2)
+        ]
+        strategy.report.rejected.clear()
+        new, _ = strategy.aggregate_train(server_round, replies, reference)
+        assert strategy.report.rejected == [], strategy.report.rejected
+        assert strategy.report.accepted == 2
+        reference = to_numpy_dict(new)
+        assert reference["bn.num_batches_tracked"].shape == ()
+        assert reference["bn.num_batches_tracked"].dtype == np.int64
+        assert int(reference["bn.num_batches_tracked"]) == server_round * 5
