@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 METHODS = ("fedavg", "fedlc", "fedntd", "fedvls", "fedvls-paper")
-DATASETS = ("digits", "mnist", "mnist10k", "cifar10", "cifar100", "tinyimagenet", "synthetic")
+DATASETS = ("digits", "mnist", "mnist10k", "fmnist", "cifar10", "cifar100", "tinyimagenet", "synthetic")
 PARTITIONS = ("dirichlet", "shards", "iid")
-MODELS = ("auto", "mlp", "logreg", "mobilenetv2", "resnet18", "resnet18-imagenet", "resnet32")
+MODELS = ("auto", "mlp", "logreg", "cnn", "mobilenetv2", "resnet18", "resnet18-imagenet", "resnet32")
 DEVICES = ("auto", "cpu", "cuda")
 TEACHER_MODES = ("eval", "train")
 EVALUATIONS = ("auto", "server", "federated")
@@ -44,6 +44,9 @@ class RunConfig:
     min_partition_size: int = 10
     seed: int = 0
     model: str = "auto"
+    # > 0: train on a stratified, fixed-seed subsample of this many images of the dataset's
+    # training pool (the same images for every method and seed; data.subsample_pool).
+    train_pool_size: int = 0
     # dataset = "synthetic": the FedProx/LEAF Synthetic(alpha, beta) generator with
     # synthetic-clients clients (must equal the number of SuperNodes / partitions).
     synthetic_alpha: float = 1.0
@@ -209,6 +212,12 @@ def validate(cfg: RunConfig) -> None:
     _check(cfg.synthetic_alpha >= 0, "synthetic-alpha", cfg.synthetic_alpha, ">= 0")
     _check(cfg.synthetic_beta >= 0, "synthetic-beta", cfg.synthetic_beta, ">= 0")
     _check(cfg.synthetic_clients >= 1, "synthetic-clients", cfg.synthetic_clients, ">= 1")
+    _check(cfg.train_pool_size >= 0, "train-pool-size", cfg.train_pool_size, ">= 0 (0 = the whole training pool)")
+    if cfg.train_pool_size and cfg.dataset == "synthetic":
+        raise ConfigError(
+            "run config 'train-pool-size' subsamples an image dataset's training pool; dataset "
+            "synthetic generates its clients (set synthetic-clients instead, or train-pool-size = 0)"
+        )
     _check(cfg.shards_per_client >= 1, "shards-per-client", cfg.shards_per_client, ">= 1")
     _check(cfg.min_partition_size >= 1, "min-partition-size", cfg.min_partition_size, ">= 1")
     _check(cfg.num_server_rounds >= 1, "num-server-rounds", cfg.num_server_rounds, ">= 1")

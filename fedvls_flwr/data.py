@@ -6,7 +6,7 @@ whole tensors so that training takes batches by index (no per-sample ``__getitem
 
 Representation
 --------------
-* ``digits``, ``mnist``, ``mnist10k`` (small, grayscale): float32 ``(N, 1, H, W)``,
+* ``digits``, ``mnist``, ``mnist10k``, ``fmnist`` (small, grayscale): float32 ``(N, 1, H, W)``,
   already normalised; ``mean``/``std`` are ``None``.
 * ``cifar10``, ``cifar100``, ``tinyimagenet`` (RGB): uint8 ``(N, 3, H, W)``;
   ``mean``/``std`` hold the per-channel statistics (in [0, 1] units) that the training
@@ -29,6 +29,7 @@ be modified in place.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gzip
 import hashlib
@@ -61,7 +62,7 @@ __all__ = [
     "TINYIMAGENET_CACHE_NAME",
 ]
 
-DATASETS = ("digits", "mnist", "mnist10k", "cifar10", "cifar100", "tinyimagenet")
+DATASETS = ("digits", "mnist", "mnist10k", "fmnist", "cifar10", "cifar100", "tinyimagenet")
 
 # Fixed split seeds: the train-pool/test split of these datasets is part of the
 # dataset's definition and never depends on the run seed.
@@ -72,6 +73,10 @@ MNIST10K_TEST_PER_CLASS = 200
 
 MNIST_MEAN = 0.1307
 MNIST_STD = 0.3081
+# Fashion-MNIST's own training-set pixel statistics (of x / 255).
+FMNIST_MEAN = 0.2860
+FMNIST_STD = 0.3530
+FMNIST_DEBIAN_DIR = "/usr/share/datasets/fashion-mnist"
 # Per-channel statistics in [0, 1] units, the values the FedVLS authors' code uses
 # (CIFAR-10: (125.3, 123.0, 113.9) / 255 and (63.0, 62.1, 66.7) / 255; CIFAR-100: the
 # exact training-set statistics; TinyImageNet: 0.5 / 0.5).
@@ -138,21 +143,60 @@ class DatasetBundle:
 # public entry point
 
 
-def load_dataset(name: str, data_dir: str | Path, download: bool = False) -> DatasetBundle:
+def load_dataset(name: str, data_dir: str | Path, download: bool = False, pool_size: int = 0) -> DatasetBundle:
     """Load dataset ``name`` from ``data_dir`` (cached per process).
 
-    Raises ``ValueError`` for an unknown name and :class:`DatasetNotFoundError` when
-    the files are missing (and ``download`` is false or the download failed).
+    ``pool_size > 0`` keeps a stratified subsample of that many training images (see
+    :func:`subsample_pool`); the test set is unchanged. Raises ``ValueError`` for an
+    unknown name or a pool size larger than the pool, and :class:`DatasetNotFoundError`
+    when the files are missing (and ``download`` is false or the download failed).
     """
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
     resolved = str(Path(data_dir).expanduser().resolve())
+    if pool_size:
+        return _subsampled_cached(name, resolved, bool(download), int(pool_size))
     return _load_cached(name, resolved, bool(download))
 
 
 def clear_cache() -> None:
     """Forget the bundles cached in this process (tests, or to free memory)."""
     _load_cached.cache_clear()
+    _subsampled_cached.cache_clear()
+
+
+#: Seed of the training-pool subsample: part of the subsample's definition, never the run seed,
+#: so every run (method, seed) at one pool size sees the same images.
+POOL_SUBSAMPLE_SEED = 0
+
+
+def subsample_pool(labels: np.ndarray, size: int, seed: int = POOL_SUBSAMPLE_SEED) -> np.ndarray:
+    """Indices (ascending) of a stratified subsample of ``size`` of ``labels``.
+
+    Class c keeps ``k_c`` samples, ``k_c`` the largest-remainder rounding of ``size * n_c / n``
+    (so the class proportions of the pool are kept), namely the first ``k_c`` of a fixed
+    per-class permutation: pools of different sizes are nested up to that rounding.
+    """
+    labels = np.asarray(labels)
+    n = labels.shape[0]
+    if not 1 <= size <= n:
+        raise ValueError(f"train-pool-size = {size}: must be between 1 and the pool's {n} images (0 = all)")
+    classes, counts = np.unique(labels, return_counts=True)
+    exact = size * counts / n
+    quota = np.floor(exact).astype(np.int64)
+    # largest remainders first; ties by class id, so the result is deterministic
+    for i in np.lexsort((classes, -(exact - quota)))[: size - int(quota.sum())]:
+        quota[i] += 1
+    rng = np.random.default_rng(seed)
+    keep = [rng.permutation(np.flatnonzero(labels == c))[:k] for c, k in zip(classes, quota)]
+    return np.sort(np.concatenate(keep))
+
+
+@functools.lru_cache(maxsize=None)
+def _subsampled_cached(name: str, data_dir: str, download: bool, pool_size: int) -> DatasetBundle:
+    full = _load_cached(name, data_dir, download)
+    idx = torch.from_numpy(subsample_pool(full.train_y.numpy(), pool_size))
+    return dataclasses.replace(full, train_x=full.train_x[idx], train_y=full.train_y[idx])
 
 
 @functools.lru_cache(maxsize=None)
@@ -179,10 +223,10 @@ def _check_bundle(b: DatasetBundle) -> None:
         raise AssertionError(f"{b.name}: {len(b.class_names)} class names for {b.num_classes} classes")
 
 
-def _normalise_gray(x_uint8: np.ndarray) -> torch.Tensor:
-    """uint8 (N, H, W) -> float32 (N, 1, H, W) with the MNIST normalisation."""
-    x = torch.from_numpy(np.ascontiguousarray(x_uint8)).to(torch.float32).div_(255.0)
-    x.sub_(MNIST_MEAN).div_(MNIST_STD)
+def _normalise_gray(x_uint8: np.ndarray, mean: float = MNIST_MEAN, std: float = MNIST_STD) -> torch.Tensor:
+    """uint8 (N, H, W) -> float32 (N, 1, H, W), ``(x / 255 - mean) / std`` (MNIST's by default)."""
+    x = torch.from_numpy(np.array(x_uint8, dtype=np.uint8, order="C")).to(torch.float32).div_(255.0)
+    x.sub_(mean).div_(std)
     return x.unsqueeze(1).contiguous()
 
 
@@ -417,6 +461,88 @@ def _balanced_split(labels: np.ndarray, per_class: int, num_classes: int, seed: 
     in_test[test_idx] = True
     pool_idx = np.flatnonzero(~in_test)
     return rng.permutation(pool_idx), rng.permutation(test_idx)
+
+
+# ---------------------------------------------------------------------------
+# Fashion-MNIST: torchvision's download, or IDX files already on disk (e.g. Debian's
+# dataset-fashion-mnist package in /usr/share/datasets/fashion-mnist)
+
+FMNIST_CLASSES = (
+    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+)
+
+
+def _fmnist_dirs(root: Path) -> list[Path]:
+    """Where Fashion-MNIST's four IDX files may lie: torchvision's layout, or data-dir itself."""
+    return [root / "FashionMNIST" / "raw", root]
+
+
+def _fmnist_help(root: Path) -> str:
+    return (
+        f"Get it either way: (1) run with download=true on a machine with internet (torchvision "
+        f"fetches it into {root / 'FashionMNIST' / 'raw'}); or (2) on Debian/Ubuntu, "
+        f"'sudo apt-get install dataset-fashion-mnist' and set data-dir={FMNIST_DEBIAN_DIR} "
+        f"(any folder holding the four files, .gz or decompressed, works)."
+    )
+
+
+def _find_fmnist(root: Path) -> list[Path] | None:
+    """The four files (train images, train labels, test images, test labels) from the first
+    folder that holds all of them, else None."""
+    for folder in _fmnist_dirs(root):
+        paths = [_find_idx(folder, n) for n in MNIST_FILES]
+        if all(p is not None for p in paths):
+            return paths
+    return None
+
+
+def _load_fmnist(root: Path, download: bool) -> DatasetBundle:
+    paths = _find_fmnist(root)
+    if paths is None and download:
+        from torchvision.datasets import FashionMNIST
+
+        try:  # torchvision's own download (md5-checked), into root/FashionMNIST/raw
+            FashionMNIST(root=str(root), train=True, download=True)
+        except Exception as e:  # noqa: BLE001 - offline, mirror down, md5 mismatch
+            raise DatasetNotFoundError(
+                f"fmnist: download into {root / 'FashionMNIST' / 'raw'} failed ({type(e).__name__}: {e}). "
+                + _fmnist_help(root)
+            ) from e
+        paths = _find_fmnist(root)
+    if paths is None:
+        looked = " and ".join(str(d) for d in _fmnist_dirs(root))
+        raise DatasetNotFoundError(
+            f"fmnist (Fashion-MNIST) not found: looked in {looked} for "
+            + ", ".join(f"{n}.gz (or {n})" for n in MNIST_FILES) + ". " + _fmnist_help(root)
+        )
+    try:
+        train_x, train_y, test_x, test_y = (
+            _read_idx(p, magic) for p, magic in zip(paths, (2051, 2049, 2051, 2049))
+        )
+    except (OSError, ValueError, EOFError) as e:
+        raise DatasetNotFoundError(f"fmnist: unreadable IDX file in {paths[0].parent}: {e}. " + _fmnist_help(root)) from e
+    for split, x, y in (("training", train_x, train_y), ("test", test_x, test_y)):
+        if x.shape[0] != y.shape[0] or x.shape[1:] != (28, 28):
+            raise DatasetNotFoundError(
+                f"fmnist: the {split} files in {paths[0].parent} hold {x.shape[0]} images of shape "
+                f"{x.shape[1:]} and {y.shape[0]} labels; expected as many 28x28 images as labels"
+            )
+        if y.size and int(y.max()) >= 10:
+            raise DatasetNotFoundError(
+                f"fmnist: the {split} labels in {paths[0].parent} reach {int(y.max())}; Fashion-MNIST has classes 0-9"
+            )
+    return DatasetBundle(
+        name="fmnist",
+        train_x=_normalise_gray(train_x, FMNIST_MEAN, FMNIST_STD),
+        train_y=_labels(train_y.astype(np.int64)),
+        test_x=_normalise_gray(test_x, FMNIST_MEAN, FMNIST_STD),
+        test_y=_labels(test_y.astype(np.int64)),
+        num_classes=10,
+        class_names=FMNIST_CLASSES,
+        input_shape=(1, 28, 28),
+        mean=None,
+        std=None,
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -663,6 +789,8 @@ def image_format(name: str) -> ImageFormat:
         return ImageFormat(name, (1, 8, 8), 10, True, (mean,), (std,))
     if name in ("mnist", "mnist10k"):
         return ImageFormat(name, (1, 28, 28), 10, True, (MNIST_MEAN,), (MNIST_STD,))
+    if name == "fmnist":
+        return ImageFormat(name, (1, 28, 28), 10, True, (FMNIST_MEAN,), (FMNIST_STD,))
     if name == "cifar10":
         return ImageFormat(name, (3, 32, 32), 10, False, CIFAR10_MEAN, CIFAR10_STD)
     if name == "cifar100":
@@ -795,6 +923,7 @@ _LOADERS = {
     "digits": _load_digits,
     "mnist": _load_mnist,
     "mnist10k": _load_mnist10k,
+    "fmnist": _load_fmnist,
     "cifar10": lambda root, download: _load_cifar(root, download, "cifar10"),
     "cifar100": lambda root, download: _load_cifar(root, download, "cifar100"),
     "tinyimagenet": _load_tinyimagenet,

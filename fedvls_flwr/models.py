@@ -9,6 +9,13 @@ Names (:data:`MODELS`)
 ``logreg``
     Multinomial logistic regression, ``Flatten -> Linear(in, C)`` (the 60-feature
     Synthetic(alpha, beta) benchmark of the FedLC paper).
+``cnn``
+    The small CNN of the FedLC paper for MNIST / Fashion-MNIST (its appendix Table 8):
+    ``Conv(1->10, 5x5) -> max-pool 2 -> ReLU -> Conv(10->20, 5x5) -> max-pool 2 -> ReLU
+    -> Linear(320, 50) -> ReLU -> Linear(50, C)`` (no padding, no BatchNorm, no dropout;
+    ReLU after every layer but the last, and ReLU commutes with max-pooling). The first
+    linear layer's width follows the input: 320 = 20 x 4 x 4 for 28x28 inputs; any
+    ``(C_in, H, W)`` with H, W >= 16 works (e.g. CIFAR's 3x32x32: 500).
 ``mobilenetv2``
     The CIFAR adaptation of MobileNetV2 that the FedVLS authors (and CCVR before them)
     use: 3x3 stride-1 stem with 32 channels, the standard inverted-residual settings
@@ -35,7 +42,7 @@ Names (:data:`MODELS`)
     ("option A": subsample and zero-pad the new channels), as in that paper and in the
     FedVLS authors' ``resnetcifar.py``.
 
-All convolutional nets use BatchNorm (its running statistics are part of the state that
+All convolutional nets but ``cnn`` use BatchNorm (its running statistics are part of the state that
 FedAvg averages).
 
 Parameter counts (trainable parameters, :func:`count_parameters`; measured, and checked
@@ -49,6 +56,7 @@ adds ``(200 - 100) * (d + 1)`` to the CIFAR-100 count, ``d`` the feature width
 model                  10 classes      100 classes
 =====================  ==============  ===============
 ``mlp`` (784 inputs)   199,210         217,300
+``cnn`` (1x28x28)      21,840          26,430
 ``mobilenetv2``        2,296,922       2,412,212
 ``resnet18``           11,173,962      11,220,132
 ``resnet18-imagenet``  11,181,642      11,227,812
@@ -68,12 +76,13 @@ from torch import nn
 
 __all__ = ["MODELS", "default_model", "build_model", "count_parameters"]
 
-MODELS = ("mlp", "logreg", "mobilenetv2", "resnet18", "resnet18-imagenet", "resnet32")
+MODELS = ("mlp", "logreg", "cnn", "mobilenetv2", "resnet18", "resnet18-imagenet", "resnet32")
 
 _DEFAULTS = {
     "digits": "mlp",
     "mnist": "mlp",
     "mnist10k": "mlp",
+    "fmnist": "mlp",
     "cifar10": "mobilenetv2",
     "cifar100": "mobilenetv2",
     "tinyimagenet": "mobilenetv2",
@@ -112,6 +121,29 @@ def _mlp(in_features: int, num_classes: int, hidden: int = 200) -> nn.Module:
 
 def _logreg(in_features: int, num_classes: int) -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(in_features, num_classes))
+
+
+# --------------------------------------------------------------------------- FedLC's CNN
+
+
+class SmallCNN(nn.Module):
+    """Two 5x5 conv layers (10 and 20 channels) with max-pooling, then 50 -> C."""
+
+    def __init__(self, input_shape: tuple[int, int, int], num_classes: int) -> None:
+        super().__init__()
+        channels, height, width = input_shape
+        if min(height, width) < 16:
+            raise ValueError(f"model 'cnn' needs images of at least 16x16, got {height}x{width}")
+        self.conv1 = nn.Conv2d(channels, 10, 5)
+        self.conv2 = nn.Conv2d(10, 20, 5)
+        h, w = ((height - 4) // 2 - 4) // 2, ((width - 4) // 2 - 4) // 2
+        self.fc1 = nn.Linear(20 * h * w, 50)
+        self.fc2 = nn.Linear(50, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(F.max_pool2d(self.conv1(x), 2))
+        x = F.relu(F.max_pool2d(self.conv2(x), 2))
+        return self.fc2(F.relu(self.fc1(torch.flatten(x, 1))))
 
 
 # --------------------------------------------------------------------------- MobileNetV2
@@ -282,10 +314,12 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn
         return _mlp(math.prod(input_shape), num_classes)
     if name == "logreg":
         return _logreg(math.prod(input_shape), num_classes)
-    if name in ("mobilenetv2", "resnet18", "resnet18-imagenet", "resnet32"):
+    if name in ("cnn", "mobilenetv2", "resnet18", "resnet18-imagenet", "resnet32"):
         if len(input_shape) != 3:
             raise ValueError(f"model {name!r} needs (C, H, W) inputs, got input_shape={input_shape}")
         in_ch = input_shape[0]
+        if name == "cnn":
+            return SmallCNN(input_shape, num_classes)
         if name == "mobilenetv2":
             return MobileNetV2Cifar(num_classes, in_ch)
         if name == "resnet18":

@@ -105,17 +105,17 @@ _LOADED: set[tuple[str, str]] = set()  # datasets loaded into memory in this pro
 def dataset_for(cfg: RunConfig) -> DatasetBundle:
     if cfg.dataset == "synthetic":
         return synthetic_dataset(cfg.synthetic_alpha, cfg.synthetic_beta, cfg.synthetic_clients, cfg.seed)[0]
-    bundle = load_dataset(cfg.dataset, cfg.resolved_data_dir(), download=cfg.download)
+    bundle = load_dataset(cfg.dataset, cfg.resolved_data_dir(), download=cfg.download, pool_size=cfg.train_pool_size)
     _LOADED.add((cfg.dataset, str(cfg.resolved_data_dir())))
     return bundle
 
 
 @lru_cache(maxsize=8)
 def _partition(
-    dataset: str, data_dir: str, download: bool, kind: str, num_partitions: int, seed: int,
+    dataset: str, data_dir: str, download: bool, pool_size: int, kind: str, num_partitions: int, seed: int,
     beta: float, shards: int, min_size: int,
 ) -> tuple[np.ndarray, ...]:
-    bundle = load_dataset(dataset, data_dir, download=download)
+    bundle = load_dataset(dataset, data_dir, download=download, pool_size=pool_size)
     return tuple(
         partition_indices(
             bundle.train_y.numpy(), num_partitions, kind, seed,
@@ -126,7 +126,7 @@ def _partition(
 
 def partitions_for(cfg: RunConfig, num_partitions: int) -> tuple[np.ndarray, ...]:
     return _partition(
-        cfg.dataset, str(cfg.resolved_data_dir()), cfg.download, cfg.partition, num_partitions,
+        cfg.dataset, str(cfg.resolved_data_dir()), cfg.download, cfg.train_pool_size, cfg.partition, num_partitions,
         cfg.seed, cfg.dirichlet_beta, cfg.shards_per_client, cfg.min_partition_size,
     )
 
@@ -305,14 +305,27 @@ def _dataset_roots(name: str, root: Path) -> list[Path]:
         "digits": [],
         "mnist": [root / "MNIST" / "raw"],
         "mnist10k": [root / "MNIST" / "raw"],
+        "fmnist": [root / "FashionMNIST" / "raw", *_idx_files(root)],
         "cifar10": [root / "cifar-10-batches-py"],
         "cifar100": [root / "cifar-100-python"],
         "tinyimagenet": [root / "tiny-imagenet-200"],
     }[name]
 
 
+def _idx_files(folder: Path) -> list[Path]:
+    """IDX files directly in ``folder`` (Fashion-MNIST may sit there, e.g. Debian's copy)."""
+    try:
+        return sorted(Path(e.path) for e in os.scandir(folder) if e.is_file() and "-idx" in e.name)
+    except OSError:
+        return []
+
+
 def _listing(folder: Path) -> list[str]:
-    """Every non-hidden file below ``folder``: relative path, size, mtime (ns)."""
+    """Every non-hidden file below ``folder`` (or ``folder`` itself, a file): relative path,
+    size, mtime (ns)."""
+    if folder.is_file():
+        st = folder.stat()
+        return [f"{folder.name}\t{st.st_size}\t{st.st_mtime_ns}"]
     if not folder.is_dir():
         return [f"missing {folder}"]
     out = []
@@ -367,6 +380,8 @@ def _inputs(spec: NodeSpec, cfg: RunConfig) -> tuple[dict[str, Any], dict[str, A
             "partition": cfg.partition, "seed": cfg.seed, "dirichlet-beta": cfg.dirichlet_beta,
             "shards-per-client": cfg.shards_per_client, "min-partition-size": cfg.min_partition_size,
         }
+        if cfg.train_pool_size:  # only when set, so that existing cache keys stay valid
+            settings["train-pool-size"] = cfg.train_pool_size
     else:
         identity = {"form": "local", "dataset": spec.dataset, "data-dir": spec.data_dir}
         settings = {"classes": list(spec.classes or ()), "site": spec.partition_id}

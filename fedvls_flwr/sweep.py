@@ -12,15 +12,22 @@ Preset format (see conf/*.yaml)::
     base: {dataset: mnist10k, data-dir: ../shared/data, num-server-rounds: 50}
     grid: {method: [fedavg, fedvls], dirichlet-beta: [0.5, 0.05], seed: [0, 1, 2]}
     variants: [{}, {use-dis: false}]   # optional: each combined with every grid point
+    # grid may also be a list of such mappings: the runs are the union of their products
     federation: {num-supernodes: 10, client-resources-num-cpus: 1}
     table: {rows: [dataset, dirichlet-beta], cols: [method]}
 
 Relative ``data-dir`` values in a preset are taken relative to the project folder.
+
+Every run folder gets ``sweep-run.json`` (the run config and federation it was started
+with). A planned run whose exact settings already finished in another folder under the
+same output directory (e.g. the 60,000-image runs that a scale study shares with a table)
+is not run again; a folder whose finished run has other settings than planned is an error.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import sys
@@ -31,9 +38,9 @@ from typing import Any
 
 import yaml
 
-from .config import ConfigError, parse_run_config
+from .config import ConfigError, RunConfig, parse_run_config
 from .launch import PROJECT_DIR, LocalSuperLink
-from .results import SUMMARY_FILE
+from .results import SUMMARY_FILE, atomic_write_json
 
 DEFAULT_FEDERATION = {"num-supernodes": 10, "client-resources-num-cpus": 1}
 # Keys that belong to the simulated federation, not to the app's run config; allowed in
@@ -93,16 +100,20 @@ def load_preset(path: Path | str, *, sets: dict[str, Any] | None = None, seeds: 
     if unknown:
         raise PresetError(f"preset {path}: unknown top-level keys {sorted(unknown)}")
     base = dict(spec.get("base") or {})
-    grid = dict(spec.get("grid") or {})
-    if seeds is not None:
-        grid["seed"] = seeds
+    grids = spec.get("grid") or {}
+    grids = [dict(g or {}) for g in grids] if isinstance(grids, list) else [dict(grids)]
     variants = spec.get("variants") or [{}]
-    keys = list(grid)
-    values = [v if isinstance(v, list) else [v] for v in grid.values()]
+    combos = []
+    for grid in grids:
+        if seeds is not None:
+            grid["seed"] = seeds
+        keys = list(grid)
+        values = [v if isinstance(v, list) else [v] for v in grid.values()]
+        combos += [dict(zip(keys, combo)) for combo in itertools.product(*values)]
     runs = []
-    for combo in itertools.product(*values):
+    for combo in combos:
         for variant in variants:
-            overrides = {**base, **dict(zip(keys, combo)), **variant, **(sets or {})}
+            overrides = {**base, **combo, **variant, **(sets or {})}
             if isinstance(overrides.get("data-dir"), str) and not overrides["data-dir"].startswith(("/", "~")):
                 overrides["data-dir"] = str((PROJECT_DIR / overrides["data-dir"]).resolve())
             try:
@@ -142,6 +153,50 @@ def check_data(preset: Preset) -> None:
             raise PresetError(f"preset {preset.path}: run {overrides['run-name']}: {err}") from None
 
 
+#: The file a sweep writes into each run folder: the settings the run was started with.
+RUN_FILE = "sweep-run.json"
+#: Settings that do not change what a run computes (its name and folder, where it ran, how
+#: long the server waits): two runs that differ only in these are the same experiment.
+NON_IDENTITY_KEYS = frozenset({
+    "run-name", "output-dir", "resume", "device", "torch-threads", "eval-batch-size",
+    "round-timeout", "round-retries", "min-nodes",
+})
+
+
+def experiment_identity(run_config: dict[str, Any], num_supernodes: Any) -> dict[str, Any]:
+    """What makes two runs the same experiment: every resolved setting that changes the
+    computation (defaults filled in) and the number of simulated nodes."""
+    cfg = parse_run_config({k: v for k, v in run_config.items() if k not in NON_IDENTITY_KEYS})
+    settings = {k: v for k, v in cfg.to_flower().items() if k not in NON_IDENTITY_KEYS}
+    return {"config": settings, "num-supernodes": num_supernodes}
+
+
+def _finished_runs(output_dir: Path) -> dict[str, str]:
+    """identity (JSON) -> folder name of every completed run a sweep started under output_dir."""
+    found = {}
+    for run_file in sorted(output_dir.glob(f"*/{RUN_FILE}")):
+        try:
+            summary = json.loads((run_file.parent / SUMMARY_FILE).read_text())
+            started = json.loads(run_file.read_text())
+        except (OSError, ValueError):
+            continue
+        if summary.get("status") == "completed":
+            found.setdefault(json.dumps(started["identity"], sort_keys=True), run_file.parent.name)
+    return found
+
+
+def _check_same_settings(run_dir: Path, identity: dict[str, Any]) -> None:
+    """A folder that already holds a finished run must hold the run planned for it."""
+    summary = json.loads((run_dir / SUMMARY_FILE).read_text())
+    saved = {k: v for k, v in (summary.get("config") or {}).items() if k not in NON_IDENTITY_KEYS}
+    changed = sorted(k for k in set(saved) | set(identity["config"]) if saved.get(k) != identity["config"].get(k))
+    if changed:
+        raise PresetError(
+            f"{run_dir} holds a finished run with other settings than planned for it ({', '.join(changed)}); "
+            "move that folder away or choose another --output-dir"
+        )
+
+
 def run_preset(
     preset: Preset, output_dir: Path, *, timeout: float = 3600.0, log=print, report: bool = True,
 ) -> dict[str, Any]:
@@ -149,31 +204,43 @@ def run_preset(
     output_dir = Path(output_dir).resolve()
     output_dir.mkdir(parents=True, exist_ok=True)
     check_data(preset)
-    todo, done = [], []
+    finished = _finished_runs(output_dir)
+    todo, statuses = [], {}
     for overrides in preset.runs:
         name = overrides["run-name"]
-        # resume=true: a run interrupted mid-way continues from its last checkpoint.
-        entry = {**overrides, "output-dir": str(output_dir), "run-name": name, "resume": True}
-        (done if (output_dir / name / SUMMARY_FILE).exists() else todo).append(entry)
-    log(f"[sweep] {preset.name}: {len(preset.runs)} runs, {len(done)} already finished, {len(todo)} to run")
-    statuses: dict[str, str] = {e["run-name"]: "skipped (finished earlier)" for e in done}
+        run_config, federation = split_federation(overrides)
+        federation = {**preset.federation, **federation}
+        identity = experiment_identity(run_config, federation.get("num-supernodes"))
+        if (output_dir / name / SUMMARY_FILE).exists():
+            _check_same_settings(output_dir / name, identity)
+            statuses[name] = "skipped (finished earlier)"
+        elif (twin := finished.get(json.dumps(identity, sort_keys=True))) is not None:
+            statuses[name] = f"skipped (the same run finished as {twin})"
+        else:
+            # resume=true: a run interrupted mid-way continues from its last checkpoint.
+            todo.append(({**run_config, "output-dir": str(output_dir), "resume": True}, federation, identity))
+    log(f"[sweep] {preset.name}: {len(preset.runs)} runs, {len(statuses)} already finished, {len(todo)} to run")
     if todo:
         with LocalSuperLink(output_dir / ".flwr-home") as link:
-            for i, entry in enumerate(todo, 1):
+            for i, (run_config, federation, identity) in enumerate(todo, 1):
+                name = run_config["run-name"]
                 t0 = time.perf_counter()
-                log(f"[sweep] ({i}/{len(todo)}) {entry['run-name']} ...")
-                run_config, federation = split_federation(entry)
-                run_id = link.submit(run_config=run_config, federation_config={**preset.federation, **federation})
+                log(f"[sweep] ({i}/{len(todo)}) {name} ...")
+                (output_dir / name).mkdir(exist_ok=True)
+                atomic_write_json(output_dir / name / RUN_FILE, {
+                    "run_config": run_config, "federation": federation, "identity": identity,
+                })
+                run_id = link.submit(run_config=run_config, federation_config=federation)
                 outcome = link.wait(run_id, timeout=timeout)
-                statuses[entry["run-name"]] = outcome.status
-                summary_path = output_dir / entry["run-name"] / SUMMARY_FILE
+                statuses[name] = outcome.status
+                summary_path = output_dir / name / SUMMARY_FILE
                 if outcome.completed and summary_path.exists():
                     s = json.loads(summary_path.read_text())
                     log(f"[sweep]     best {100 * s['best_accuracy']:.2f}% (round {s['best_round']}), "
                         f"final {100 * s['final_accuracy']:.2f}%, {time.perf_counter() - t0:.0f}s")
                 else:
-                    (output_dir / f"{entry['run-name']}.failed.log").write_text(outcome.log)
-                    log(f"[sweep]     {outcome.status}; log in {entry['run-name']}.failed.log")
+                    (output_dir / f"{name}.failed.log").write_text(outcome.log)
+                    log(f"[sweep]     {outcome.status}; log in {name}.failed.log")
     paths = {}
     if report:
         from .report import make_report
@@ -181,6 +248,17 @@ def run_preset(
         paths = make_report(output_dir, out_dir=output_dir / "report", rows=preset.table_rows, cols=preset.table_cols)
         log(f"[sweep] report: {output_dir / 'report'}")
     return {"statuses": statuses, "report": paths}
+
+
+def select_runs(preset: Preset, only: dict[str, Any]) -> Preset:
+    """The preset restricted to runs whose settings match every ``only`` item."""
+    if not only:
+        return preset
+    defaults = RunConfig().to_flower()
+    keep = [r for r in preset.runs if all(r.get(k, defaults.get(k)) == v for k, v in only.items())]
+    if not keep:
+        raise PresetError(f"--only {only}: no run of preset {preset.name} matches")
+    return dataclasses.replace(preset, runs=keep)
 
 
 def _parse_sets(items: list[str]) -> dict[str, Any]:
@@ -200,11 +278,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", help="comma-separated seeds, replacing the preset's")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a run-config key in every run")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per run before it is stopped")
+    parser.add_argument("--only", action="append", default=[], metavar="KEY=VALUE",
+                        help="run only the preset's runs with this setting (repeatable: all must match)")
     parser.add_argument("--dry-run", action="store_true", help="list the runs and exit")
     args = parser.parse_args(argv)
     try:
         seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
         preset = load_preset(args.preset, sets=_parse_sets(args.set), seeds=seeds)
+        preset = select_runs(preset, _parse_sets(args.only))
     except (PresetError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
