@@ -62,7 +62,7 @@ __all__ = [
     "TINYIMAGENET_CACHE_NAME",
 ]
 
-DATASETS = ("digits", "mnist", "mnist10k", "fmnist", "cifar10", "cifar100", "tinyimagenet")
+from .config import IMAGE_DATASETS as DATASETS  # noqa: E402 - the names, declared once
 
 # Fixed split seeds: the train-pool/test split of these datasets is part of the
 # dataset's definition and never depends on the run seed.

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .settings import toml_value
+
 BIN_DIR = Path(sys.executable).parent
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 
@@ -87,14 +89,6 @@ class TlsFiles:
 def node_config_arg(node_config: dict[str, Any]) -> str:
     """A dict as the value of ``flower-supernode --node-config`` (TOML values)."""
     return run_config_arg(node_config)
-
-
-def toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value)  # a TOML basic string
-    return repr(value)
 
 
 def run_config_arg(overrides: dict[str, Any]) -> str:

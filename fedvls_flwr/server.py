@@ -17,8 +17,7 @@ from flwr.app import ArrayRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from .client import model_name
-from .config import ConfigError, RunConfig
+from .config import ConfigError, RunConfig, model_name
 from .diagnostics import local_update_view
 from .models import build_model
 from .data import DatasetNotFoundError, image_format
@@ -26,7 +25,7 @@ from .node_data import dataset_for
 from .results import (
     CHECKPOINT_FILE, CONFIG_FILE, STATE_FILE, RunWriter, atomic_write_json, load_arrays, read_rounds, summarize,
 )
-from .strategy import FedVLSStrategy, RoundReport, to_array_record, to_numpy_dict
+from .strategy import CheckedFedAvg, RoundReport, to_array_record, to_numpy_dict
 from .training import evaluate, resolve_device
 
 # Keys that may differ between a run and its resumption (everything else must match).
@@ -81,7 +80,7 @@ def run_experiment(grid: Grid, cfg: RunConfig) -> Path:
     atomic_write_json(run_dir / CONFIG_FILE, cfg.to_flower())
     log(INFO, "fedvls: %s on %s (%s), %s evaluation, results in %s",
         cfg.method, cfg.dataset, model_name(cfg), evaluation, run_dir)
-    strategy = FedVLSStrategy(cfg)
+    strategy = CheckedFedAvg(cfg)
 
     def evaluate_global(arrays: ArrayRecord, server_round: int = 0) -> dict:
         if bundle is None:
