@@ -20,8 +20,23 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from .plots import _client_matrix, _client_rows, _common_title, plot_accuracy, plot_partition, plot_per_class
-from .runs import RunRecord, _fmt_value, _slug, config_value, load_run, load_runs, method_label
+from .plots import (
+    _client_matrix,
+    _client_rows,
+    _common_title,
+    plot_accuracy,
+    plot_partition,
+    plot_per_class,
+)
+from .runs import (
+    RunRecord,
+    _fmt_value,
+    _slug,
+    config_value,
+    load_run,
+    load_runs,
+    method_label,
+)
 from .tables import table, write_diagnostics, write_table
 
 __all__ = [

@@ -18,12 +18,19 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from .config import ConfigError, RunConfig, model_name
+from .data import DatasetNotFoundError, image_format
 from .diagnostics import local_update_view
 from .models import build_model
-from .data import DatasetNotFoundError, image_format
 from .node_data import dataset_for
 from .results import (
-    CHECKPOINT_FILE, CONFIG_FILE, STATE_FILE, RunWriter, atomic_write_json, load_arrays, read_rounds, summarize,
+    CHECKPOINT_FILE,
+    CONFIG_FILE,
+    STATE_FILE,
+    RunWriter,
+    atomic_write_json,
+    load_arrays,
+    read_rounds,
+    summarize,
 )
 from .strategy import CheckedFedAvg, RoundReport, to_array_record, to_numpy_dict
 from .training import evaluate, resolve_device

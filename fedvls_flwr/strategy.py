@@ -17,13 +17,27 @@ from dataclasses import dataclass, field
 from logging import INFO, WARNING
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from . import protocol
-from .aggregation import Reply, average_metrics, check_reply, drift_diversity, weighted_average
+from .aggregation import (
+    Reply,
+    average_metrics,
+    check_reply,
+    drift_diversity,
+    weighted_average,
+)
 from .config import RunConfig
 
 #: Seconds between the simulation Grid's checks for replies (Flower's default: 0.1).

@@ -15,7 +15,16 @@ from typing import Any, Sequence
 import numpy as np
 
 from .methods import METHODS, method_settings
-from .runs import IGNORED_KEYS, RunRecord, _fmt_value, _num, _round_of, _value_sort_key, config_value
+from .runs import (
+    IGNORED_KEYS,
+    RunRecord,
+    _fmt_value,
+    _num,
+    _round_of,
+    _value_sort_key,
+    config_value,
+)
+
 
 # ---------------------------------------------------------------------------------------
 # table

@@ -29,7 +29,6 @@ from .methods import method_params
 from .objectives import Objective, build_objective
 from .sgd import LocalSGD
 
-
 logger = logging.getLogger(__name__)
 
 _AMP_CPU_LOGGED = False

@@ -428,14 +428,16 @@ def test_tinyimagenet_loads_real_layout(tmp_path):
 def test_tinyimagenet_cache_reused_and_invalidated(tmp_path, monkeypatch):
     base = _write_fake_tiny(tmp_path)
     cache = base / D.TINYIMAGENET_CACHE_NAME
-    real_decode = D._decode_image
+    from fedvls_flwr.data import tinyimagenet
+
+    real_decode = tinyimagenet._decode_image
     calls = []
 
     def counting_decode(path):
         calls.append(Path(path).name)
         return real_decode(path)
 
-    monkeypatch.setattr(D, "_decode_image", counting_decode)
+    monkeypatch.setattr(tinyimagenet, "_decode_image", counting_decode)
     first = D.load_dataset("tinyimagenet", tmp_path)
     assert len(calls) == 18 and cache.is_file()
 
