@@ -512,8 +512,8 @@ def build_tables(results: dict[str, dict[str, list[dict]]], meta: dict[str, Any]
     add(f"{meta['workload']}  \n{meta['machine']}  \nrepetitions: {meta['reps']}; figures are medians over them "
         f"(range in brackets); steady state = median of rounds 2..{meta['rounds']}.\n")
     add("## Steady-state seconds per round\n")
-    add("| method | plain loop, 1 thread | plain loop, 2 threads | DataLoader loop, 1 thread | app (`flwr run`, 2 actors x 1 thread) "
-        "| app / plain 1t | app / plain 2t | DataLoader / plain 1t |")
+    add("| method | plain loop, 1 thread | plain loop, 2 threads | DataLoader loop, 1 thread "
+        "| app (`flwr run`, 2 actors x 1 thread) | app / plain 1t | app / plain 2t | DataLoader / plain 1t |")
     add("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for m in methods:
         r = results[m]
@@ -559,7 +559,7 @@ def build_tables(results: dict[str, dict[str, list[dict]]], meta: dict[str, Any]
     add("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for m in methods:
         app_runs = results[m].get("app", [])
-        by_role = lambda k: median([r.get("peak_rss_mb_by_role", {}).get(k) for r in app_runs])  # noqa: E731
+        by_role = lambda k, runs=app_runs: median([r.get("peak_rss_mb_by_role", {}).get(k) for r in runs])
         add(f"| {m} | {fmt(med[m]['plain-1t']['peak_rss_mb'], 0)} | {fmt(med[m]['plain-2t']['peak_rss_mb'], 0)} "
             f"| {fmt(med[m]['dataloader-1t']['peak_rss_mb'], 0)} | {fmt(med[m]['app']['peak_tree_rss_mb'], 0)} "
             f"| {fmt(med[m]['app']['peak_tree_pss_mb'], 0)} | {fmt(by_role('actors'), 0)} | {fmt(by_role('simulation'), 0)} "
@@ -743,7 +743,8 @@ def main(argv: list[str] | None = None) -> int:
                           f"{prof['py_spy_run_steady_round_s']:.2f} s\n\n| where | share of samples |\n| --- | --- |\n")
                 for k, v in prof["py_spy"]["share"].items():
                     table += f"| {k} | {100 * v:.1f}% |\n"
-            table += f"\n<details><summary>cProfile, biggest client</summary>\n\n```\n{prof['cprofile_biggest_client']}\n```\n</details>\n"
+            table += (f"\n<details><summary>cProfile, biggest client</summary>\n\n```\n"
+                      f"{prof['cprofile_biggest_client']}\n```\n</details>\n")
     (out_dir / "bench.md").write_text(table)
     (out_dir / "bench.json").write_text(json.dumps({"meta": meta, "results": results, "profiles": profiles}, indent=1))
     print(table)

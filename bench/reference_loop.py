@@ -43,12 +43,12 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import math
 import resource
 import sys
 import time
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,10 +64,10 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from fedvls_flwr.config import SETTINGS, RunConfig, parse_run_config  # noqa: E402
 from fedvls_flwr.data import load_dataset  # noqa: E402
+from fedvls_flwr.methods import method_params  # noqa: E402
 from fedvls_flwr.models import build_model, default_model  # noqa: E402
 from fedvls_flwr.objectives import build_objective  # noqa: E402
 from fedvls_flwr.partition import partition_indices  # noqa: E402
-from fedvls_flwr.methods import method_params  # noqa: E402
 from fedvls_flwr.training import mode_dependent  # noqa: E402
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
@@ -101,12 +101,12 @@ class RefConfig:
         return getattr(self.run, name)
 
     @classmethod
-    def make(cls, *, num_clients: int = 10, threads: int = 1, loader: str = "index", **settings: Any) -> "RefConfig":
+    def make(cls, *, num_clients: int = 10, threads: int = 1, loader: str = "index", **settings: Any) -> RefConfig:
         """Settings as keyword arguments (``dirichlet_beta=0.5``) over the bench defaults."""
         overrides = {key.replace("_", "-"): value for key, value in settings.items()}
         return cls(parse_run_config({**BENCH_SETTINGS, **overrides}), num_clients, threads, loader)
 
-    def replace(self, **changes: Any) -> "RefConfig":
+    def replace(self, **changes: Any) -> RefConfig:
         own = {k: changes.pop(k) for k in ("num_clients", "threads", "loader") if k in changes}
         run = parse_run_config({**self.run.to_flower(), **{k.replace("_", "-"): v for k, v in changes.items()}})
         return dataclasses.replace(self, run=run, **own)

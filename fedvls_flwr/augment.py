@@ -6,10 +6,10 @@ The paper's CIFAR/TinyImageNet training pipeline is, per image::
     -> ToTensor() -> Normalize(mean, std)
 
 The classic way runs it on PIL images, one sample at a time, in DataLoader workers
-(``bench/reference_transform.py`` builds exactly that pipeline, to benchmark against).  Here the data stay whole uint8 tensors ``(N, C, H, W)`` (see
-:mod:`fedvls_flwr.data`) and :class:`BatchTransform` augments a *batch* at once, on
-whatever device the batch lives (the GPU when training there), with per-sample
-randomness.
+(``bench/reference_transform.py`` builds exactly that pipeline, to benchmark against).
+Here the data stay whole uint8 tensors ``(N, C, H, W)`` (see :mod:`fedvls_flwr.data`) and
+:class:`BatchTransform` augments a *batch* at once, on whatever device the batch lives (the
+GPU when training there), with per-sample randomness.
 
 Random crop and flip
     One zero-padded copy of the batch and one gather with per-sample offsets (uniform in

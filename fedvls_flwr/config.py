@@ -125,7 +125,7 @@ def _default_run_name(self) -> str:
     return f"{self.dataset}-{self.method}-{skew}-s{self.seed}-{stamp}"
 
 
-def _replace(self, **changes: Any) -> "RunConfig":
+def _replace(self, **changes: Any) -> RunConfig:
     return dataclasses.replace(self, **changes)
 
 

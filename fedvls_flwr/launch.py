@@ -80,7 +80,7 @@ class TlsFiles:
     server_key: Path
 
     @classmethod
-    def in_dir(cls, directory: Path) -> "TlsFiles":
+    def in_dir(cls, directory: Path) -> TlsFiles:
         """The layout ``python -m fedvls_flwr.deploy certs DIR`` writes."""
         directory = Path(directory)
         return cls(directory / "ca.pem", directory / "server.pem", directory / "server.key")
@@ -218,7 +218,7 @@ class LocalSuperLink:
     def start(
         self, insecure: bool = True, timeout: float = 60.0, *,
         tls: TlsFiles | None = None, supernode_auth: bool = False,
-    ) -> "LocalSuperLink":
+    ) -> LocalSuperLink:
         """Start the SuperLink; ``tls`` serves every API over TLS (``insecure`` is then
         ignored), ``supernode_auth`` only admits SuperNodes whose public key was registered."""
         if tls is not None:
@@ -356,7 +356,7 @@ class LocalSuperLink:
         """PIDs of started processes that are still running."""
         return [p.pid for p in self.processes if p.poll() is None]
 
-    def __enter__(self) -> "LocalSuperLink":
+    def __enter__(self) -> LocalSuperLink:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

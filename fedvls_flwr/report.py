@@ -15,8 +15,9 @@ Command line: ``python -m fedvls_flwr.report RUNS_ROOT [--out DIR]``.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -8,9 +8,10 @@ import csv
 import json
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -268,7 +269,7 @@ def diagnostics_rows(report_table: ReportTable, runs: Sequence[RunRecord]) -> li
             for group in LOCAL_GROUPS:
                 for side in ("local", "global"):
                     entry[f"{group}_{side}"] = [
-                        100.0 * _late_mean(r, lambda x: (x.get("local_update") or {}).get(group, {}).get(side))
+                        100.0 * _late_mean(r, lambda x, g=group, s=side: (x.get("local_update") or {}).get(g, {}).get(s))
                         for r in members
                     ]
             out.append(entry)

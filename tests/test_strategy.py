@@ -161,7 +161,9 @@ def test_nan_reply_keeps_the_global_model_finite():
         bad = {k: np.full_like(v, np.nan) for k, v in GLOBAL.items()}
         return reply(node, bad if node == 11 else arrays(2.0), 10)
 
-    final = CheckedFedAvg(RunConfig(num_server_rounds=1)).run(FakeGrid([11, 12], respond), initial(), on_round_end=lambda *a: None)
+    final = CheckedFedAvg(RunConfig(num_server_rounds=1)).run(
+        FakeGrid([11, 12], respond), initial(), on_round_end=lambda *a: None
+    )
     assert all(np.isfinite(v).all() for v in to_numpy_dict(final).values())
 
 
@@ -187,11 +189,12 @@ def test_federated_evaluation_pools_per_class_counts():
 
 
 def test_client_evaluate_round_uses_the_local_test_split():
+    # ARRAYS_KEY, CONFIG_KEY: the protocol names imported at the top
+    from flwr.app import ConfigRecord
+
     from fedvls_flwr.client import evaluate_round
     from fedvls_flwr.config import RunConfig
     from fedvls_flwr.models import build_model
-    # ARRAYS_KEY, CONFIG_KEY: the protocol names imported at the top
-    from flwr.app import ConfigRecord
 
     cfg = RunConfig(dataset="digits", dirichlet_beta=0.5)
     model = build_model("mlp", (1, 8, 8), 10)

@@ -134,14 +134,14 @@ def subsample_pool(labels: np.ndarray, size: int, seed: int = POOL_SUBSAMPLE_SEE
     return np.sort(np.concatenate(keep))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _subsampled_cached(name: str, data_dir: str, download: bool, pool_size: int) -> DatasetBundle:
     full = _load_cached(name, data_dir, download)
     idx = torch.from_numpy(subsample_pool(full.train_y.numpy(), pool_size))
     return dataclasses.replace(full, train_x=full.train_x[idx], train_y=full.train_y[idx])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load_cached(name: str, data_dir: str, download: bool) -> DatasetBundle:
     root = Path(data_dir)
     loader = _LOADERS[name]

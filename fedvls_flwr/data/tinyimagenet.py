@@ -170,4 +170,5 @@ def _write_tiny_cache(cache: Path, key: str, train_x: np.ndarray, test_x: np.nda
     try:
         write_keyed_npz(cache, key, {"train_x": train_x, "test_x": test_x})
     except OSError as e:
-        warnings.warn(f"could not write the TinyImageNet cache {cache}: {e}; images will be decoded again next time")
+        warnings.warn(f"could not write the TinyImageNet cache {cache}: {e}; images will be decoded again next time",
+                      stacklevel=2)
