@@ -55,7 +55,7 @@ __all__ = [
 
 #: Finite stand-in for -inf: a masked logit contributes exp(MASK_VALUE - max) == 0 exactly.
 MASK_VALUE = -1e9
-#: Epsilon added to the prior inside logs (SPEC, FedVLS point 2).
+#: Epsilon added to the prior inside logs (the FedVLS authors' code; docs/methods.md).
 PRIOR_EPS = 1e-9
 
 def _as_float(x: Tensor) -> Tensor:

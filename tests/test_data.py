@@ -171,7 +171,7 @@ def test_mnist10k_cache_key_resolves_path(monkeypatch):
     "name, expected",
     [
         ("mnist", ["train-images-idx3-ubyte", "t10k-labels-idx1-ubyte", "download=true", "mnist10k"]),
-        ("mnist10k", ["t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz", "../shared/data", "download=true"]),
+        ("mnist10k", ["t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz", "MNIST/raw", "download=true"]),
         ("cifar10", ["data_batch_1", "test_batch", "batches.meta", "download=true", "cifar-10-python.tar.gz"]),
         ("cifar100", ["cifar-100-python", "train", "meta", "download=true"]),
         ("tinyimagenet", ["wnids.txt", D.TINYIMAGENET_URL, "unzip"]),

@@ -63,7 +63,7 @@ def _mnist_help(root: Path) -> str:
         f"Get it by running with download=true (dataset setting) on a machine with internet "
         f"(torchvision fetches it into {root / 'MNIST' / 'raw'}), or copy the four files "
         f"(.gz or decompressed) there. Offline, use dataset 'mnist10k' (the 10,000-image test "
-        f"split only, e.g. data-dir ../shared/data) or 'digits' (bundled with scikit-learn)."
+        f"split only) or 'digits' (bundled with scikit-learn)."
     )
 
 
@@ -135,7 +135,7 @@ def _mnist10k_help(root: Path) -> str:
     return (
         f"Point data-dir at a folder holding MNIST/raw/t10k-images-idx3-ubyte.gz and "
         f"MNIST/raw/t10k-labels-idx1-ubyte.gz (the official MNIST test split; decompressed "
-        f"files are accepted too), e.g. ../shared/data, or set download=true on a machine "
+        f"files are accepted too), or set download=true on a machine "
         f"with internet to fetch them into {root / 'MNIST' / 'raw'}."
     )
 
