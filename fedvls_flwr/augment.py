@@ -343,7 +343,7 @@ class BatchAutoAugment:
             self._tables[key] = (values, thetas)
         return self._tables[key]
 
-    def sample(self, n: int, generator: torch.Generator | None = None):
+    def sample(self, n: int, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per-image decisions: sub-policy index (n,), applied (n, 2) and negative (n, 2)."""
         sub = torch.randint(len(self.policy), (n,), generator=generator)
         coins = torch.rand(n, 2, generator=generator, dtype=torch.float64)

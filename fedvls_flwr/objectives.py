@@ -180,7 +180,7 @@ class FedAvgObjective(Objective):
     name = "fedavg"
     term_names = ("ce",)
 
-    def _compute(self, logits, targets, teacher):
+    def _compute(self, logits: Tensor, targets: Tensor, teacher: Tensor | None) -> dict[str, Tensor]:
         return {"ce": F.cross_entropy(logits, targets)}
 
 
@@ -196,7 +196,7 @@ class FedLCObjective(Objective):
     name = "fedlc"
     term_names = ("ce",)
 
-    def __init__(self, class_counts, params):
+    def __init__(self, class_counts: Tensor, params: Mapping[str, Any]) -> None:
         super().__init__(class_counts, params)
         self.form = params["fedlc-form"]
         n = self.class_counts.double().clamp(min=1.0)  # clamp: never 0^(-1/4)
@@ -204,7 +204,7 @@ class FedLCObjective(Objective):
             self.present, params["fedlc-tau"] * n.pow(-0.25), torch.zeros_like(n)
         )  # (C,) float64
 
-    def _compute(self, logits, targets, teacher):
+    def _compute(self, logits: Tensor, targets: Tensor, teacher: Tensor | None) -> dict[str, Tensor]:
         z = torch.where(self.present, logits - self._buf("margin", logits.dtype), MASK_VALUE)
         if self.form == "standard":
             return {"ce": F.cross_entropy(z, targets)}
@@ -220,7 +220,7 @@ class FedNTDObjective(Objective):
     name = "fedntd"
     term_names = ("ce", "ntd")
 
-    def __init__(self, class_counts, params):
+    def __init__(self, class_counts: Tensor, params: Mapping[str, Any]) -> None:
         super().__init__(class_counts, params)
         if self.num_classes < 2:
             raise ValueError("FedNTD needs at least 2 classes")
@@ -235,14 +235,14 @@ class FedNTDObjective(Objective):
         idx = self._cols[None, :] + (self._cols[None, :] >= targets[:, None]).long()
         return x.gather(1, idx)
 
-    def prepare_teacher(self, teacher_logits, targets):
+    def prepare_teacher(self, teacher_logits: Tensor, targets: Tensor) -> Tensor | None:
         """log softmax(g_{!=y} / tau): the teacher's not-true distribution of each sample."""
         if not self.needs_teacher:
             return None
         g = _as_float(teacher_logits.detach())
         return F.log_softmax(self._not_true(g, targets) / self.tau, dim=1)
 
-    def _compute(self, logits, targets, teacher):
+    def _compute(self, logits: Tensor, targets: Tensor, teacher: Tensor | None) -> dict[str, Tensor]:
         ce = F.cross_entropy(logits, targets)
         if teacher is None:  # beta == 0
             return {"ce": ce, "ntd": logits.new_zeros(())}
@@ -268,7 +268,7 @@ class FedVLSObjective(Objective):
     paper = False
     logit_weight_key = "logit-weight"
 
-    def __init__(self, class_counts, params):
+    def __init__(self, class_counts: Tensor, params: Mapping[str, Any]) -> None:
         super().__init__(class_counts, params)
         self.lambda_dis = float(params["lambda-dis"])
         self.logit_weight = float(params[self.logit_weight_key])
@@ -290,7 +290,7 @@ class FedVLSObjective(Objective):
         # sum_c p(c) over the present classes: 1 up to rounding, kept exact for the log(B) term
         self.prior_mass = float(self.logit_prior.sum())
 
-    def prepare_teacher(self, teacher_logits, targets):
+    def prepare_teacher(self, teacher_logits: Tensor, targets: Tensor) -> Tensor | None:
         """Per sample: the teacher's softmax over the vacant classes, q_g (V columns), and
         sum_v q_g log q_g (one column), the part of the KL that the student cannot change."""
         if not self.use_dis:
@@ -300,7 +300,7 @@ class FedVLSObjective(Objective):
         q = log_q.exp()
         return torch.cat([q, (q * log_q).sum(dim=1, keepdim=True)], dim=1)
 
-    def loss_terms(self, logits, targets, teacher=None):
+    def loss_terms(self, logits: Tensor, targets: Tensor, teacher: Tensor | None = None) -> tuple[Tensor, Tensor]:
         return _FusedFedVLS.apply(_as_float(logits), targets, teacher, self)
 
     # -- the three terms: value and gradient w.r.t. the logits, no autograd -------------
@@ -355,7 +355,7 @@ class FedVLSPaperObjective(FedVLSObjective):
     paper = True
     logit_weight_key = "paper-logit-weight"
 
-    def _logit(self, f, targets, grad):
+    def _logit(self, f: Tensor, targets: Tensor, grad: Tensor) -> Tensor:
         B = f.shape[0]
         f_p = f if self.all_present else f.index_select(1, self.present_idx)  # (B, P)
         is_c = targets[:, None] == self.present_idx[None, :]  # (B, P)

@@ -18,7 +18,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from .config import ConfigError, RunConfig, model_name
-from .data import DatasetNotFoundError, image_format
+from .data import DatasetBundle, DatasetNotFoundError, image_format
 from .diagnostics import local_update_view
 from .models import build_model
 from .node_data import dataset_for
@@ -168,7 +168,7 @@ def _fmt(value) -> str:
     return "n/a" if value is None else f"{value:.4f}"
 
 
-def server_test_set(cfg: RunConfig):
+def server_test_set(cfg: RunConfig) -> DatasetBundle | None:
     """The run dataset (with its test split) when the server has it, per ``evaluation``."""
     if cfg.evaluation == "federated":
         return None
