@@ -11,7 +11,7 @@ app = ClientApp(mods=mods_from_env())  # none unless FEDVLS_CLIENT_MODS names so
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    return Message(content=train_round(msg.content, dict(context.node_config)), reply_to=msg)
+    return Message(content=train_round(msg.content, dict(context.node_config), context.state), reply_to=msg)
 
 
 @app.evaluate()

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .methods import get_method, method_names, method_settings, owners
+from .methods import KINDS, combination_label, method_names, method_settings, owners
 from .results import CLIENTS_FILE, ROUNDS_FILE, SUMMARY_FILE
 from .settings import ConfigError
 
@@ -211,29 +211,40 @@ def _typed(config: dict[str, Any], keys: Iterable[str]) -> dict[str, Any]:
 
 
 def method_label(config: dict[str, Any]) -> str:
-    """Human-readable method name, with the ablation / variant it ran as.
+    """Human-readable name of the run's parts, with the variant each ran as.
 
-    The registry's label plus the label of every method setting whose value has one:
-    ``fedvls`` with ``use-dis = false`` -> "FedVLS −L_dis"; both terms off -> "FedVLS
+    The registry's labels, naming the local optimizer and server optimizer only where
+    they differ from plain SGD and FedAvg, plus the label of every setting whose value has
+    one: ``fedvls`` with ``use-dis = false`` -> "FedVLS −L_dis"; both terms off -> "FedVLS
     −L_dis −L_logit" (calibrated CE alone, Table 5's first row); FedLC with ``fedlc-form =
-    paper`` -> "FedLC (paper form)"; a teacher in train mode is marked too.
+    paper`` -> "FedLC (paper form)"; FedVLS with FedSAM steps and FedExP -> "FedVLS + FedSAM
+    + FedExP"; a teacher in train mode or carried momentum is marked too.
     """
     method = config.get("method")
     if method is None:
         return "unknown method"
     if method not in method_names():
         return str(method)
-    spec = get_method(method)
-    return spec.variant_label(_typed(config, (s.key for s in spec.settings)))
+    try:
+        label = combination_label(_typed(config, config.keys()))
+    except ValueError:  # an unknown optimizer name (a run of another version)
+        return str(method)
+    if _typed(config, ["optimizer-state"]).get("optimizer-state") == "carry":
+        label += " (momentum carried)"
+    return label
 
 
 def _method_sort_key(config: dict[str, Any]) -> tuple:
-    method = str(config.get("method"))
-    names = method_names()
-    if method not in names:
-        return (len(names), method)
-    spec = get_method(method)
-    return (names.index(method), method, *spec.variant_flags(_typed(config, (s.key for s in spec.settings))))
+    """Registry order of each part (method, local optimizer, server optimizer), then its variants."""
+    typed = _typed(config, config.keys())
+    key: list[Any] = []
+    for kind, (parts, default) in KINDS.items():
+        names = [p.name for p in parts]
+        name = str(typed.get(kind, default))
+        if name not in names:
+            return (len(method_names()), str(config.get("method")))
+        key += [names.index(name), *parts[names.index(name)].variant_flags(typed)]
+    return (*key, typed.get("optimizer-state") == "carry")
 
 
 def config_value(config: dict[str, Any], key: str) -> Any:
@@ -247,8 +258,10 @@ def config_value(config: dict[str, Any], key: str) -> Any:
     """
     if key in ("method", "label"):
         return method_label(config)
-    if (readers := owners(key)) and config.get("method") not in readers:
-        return None  # another method's setting: not a property of this run
+    if (readers := owners(key)) and not any(
+        str(config.get(kind, KINDS[kind][1])) == name for kind, name in readers
+    ):
+        return None  # another part's setting: not a property of this run
     synthetic = config.get("dataset") == "synthetic"
     if key.startswith("synthetic-") and not synthetic:
         return None

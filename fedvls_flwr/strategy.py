@@ -39,6 +39,8 @@ from .aggregation import (
     weighted_average,
 )
 from .config import RunConfig
+from .methods import part_params
+from .server_optim import build_server_optimizer
 
 #: Seconds between the simulation Grid's checks for replies (Flower's default: 0.1).
 SIMULATION_PULL_INTERVAL = 0.01
@@ -91,6 +93,7 @@ class RoundReport:
     clients: list[dict] = field(default_factory=list)   # per accepted client: partition, class counts
     num_examples: float = 0.0
     drift_diversity: float = float("nan")
+    server_step_size: float | None = None  # FedExP's eta_g of the round
     attempts: int = 0
     seconds: float = 0.0
 
@@ -133,6 +136,7 @@ class CheckedFedAvg(FedAvg):
             configrecord_key=protocol.CONFIG,
         )
         self.cfg = cfg
+        self.server_optimizer = build_server_optimizer(cfg.server_optimizer, part_params(cfg, "server-optimizer"))
         self.report = RoundReport(0)
         self._federation_assembled = False  # min-nodes were connected once (see _wait_for_nodes)
 
@@ -224,6 +228,11 @@ class CheckedFedAvg(FedAvg):
             return None, None
         ref = reference if reference is not None else accepted[0].arrays
         arrays = weighted_average(accepted, ref)
+        if reference is not None:
+            arrays = self.server_optimizer.step(server_round, reference, arrays, accepted)
+            step_size = getattr(self.server_optimizer, "last_step_size", None)
+            if step_size is not None:
+                self.report.server_step_size = step_size
         metrics = average_metrics(accepted)
         self.report.train_metrics = metrics
         self.report.num_examples = float(sum(r.num_examples for r in accepted))

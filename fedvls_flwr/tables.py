@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .methods import METHODS, method_settings
+from .methods import method_settings, run_parts
 from .runs import (
     IGNORED_KEYS,
     RunRecord,
@@ -90,11 +90,17 @@ class ReportTable:
         return sorted({c.n for c in self.cells.values()})
 
 
+def _parts_of(config: dict[str, Any]) -> list:
+    try:
+        return list(run_parts(config).values())
+    except ValueError:  # a part this version does not know
+        return []
+
+
 def _mixed_settings(runs: list[RunRecord], skip: set[str]) -> list[str]:
     """Config keys whose values differ among these runs (that matter to their method)."""
     keys = set().union(*(r.config.keys() for r in runs)) - IGNORED_KEYS - skip
-    methods = {r.method for r in runs}
-    relevant = {s.key for m in METHODS if m.name in methods for s in m.settings}
+    relevant = {s.key for r in runs for part in _parts_of(r.config) for s in part.settings}
     every_method_key = {s.key for s in method_settings()}
     mixed = []
     for key in sorted(keys):

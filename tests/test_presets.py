@@ -31,8 +31,8 @@ def test_authors_preset_is_what_spec_says():
 
 def test_bad_preset_fails_before_anything_starts(tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("base: {dataset: digits}\ngrid: {method: [fedavg, fedprox]}\n")
-    with pytest.raises(PresetError, match="'method' = 'fedprox' is not allowed"):
+    bad.write_text("base: {dataset: digits}\ngrid: {method: [fedavg, fedfoo]}\n")
+    with pytest.raises(PresetError, match="'method' = 'fedfoo' is not allowed"):
         load_preset(bad)
 
 
