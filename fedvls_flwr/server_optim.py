@@ -67,11 +67,16 @@ class Average(ServerOptimizer):
 
 
 class FedExP(ServerOptimizer):
-    """w <- w + eta_g * d_bar, eta_g = max(1, sum_i ||d_i||^2 / (2 M (||d_bar||^2 + eps))).
+    """w <- w + eta_g * d_bar, eta_g = max(1, sum_i p_i ||d_i||^2 / (2 (||d_bar||^2 + eps))).
 
-    d_i = w_i - w are the M accepted clients' updates and d_bar their average; the norms
-    run over every floating-point array of the model. ``fedexp-eval = average-last-two``
-    reports the accuracy of (w_t + w_{t-1}) / 2, as the paper evaluates.
+    d_i = w_i - w are the accepted clients' updates, p_i = n_i / sum_j n_j their sample
+    weights and d_bar = sum_i p_i d_i the average; the norms run over every floating-point
+    array of the model (BatchNorm statistics included, integer buffers not). With equal
+    client sizes this is the paper's sum_i ||d_i||^2 / (2 M (||d_bar||^2 + eps)); the
+    FedExP authors' code weights by data size as here (it also multiplies eps by M and
+    decays it every round, which the paper does not; not done here).
+    ``fedexp-eval = average-last-two`` reports the accuracy of (w_t + w_{t-1}) / 2, as the
+    paper evaluates.
     """
 
     def __init__(self, params: Mapping[str, Any]) -> None:
@@ -84,13 +89,14 @@ class FedExP(ServerOptimizer):
     def step(self, server_round: int, global_arrays: ArrayDict, average: ArrayDict, replies: list[Reply]) -> ArrayDict:
         keys = float_keys(global_arrays)
         d_bar = {k: average[k].astype(np.float64) - global_arrays[k] for k in keys}
-        sum_sq = 0.0
+        total = float(sum(r.num_examples for r in replies))
+        mean_sq = 0.0
         for r in replies:
             for k in keys:
                 d = r.arrays[k].astype(np.float64) - global_arrays[k]
-                sum_sq += float(np.vdot(d, d))
+                mean_sq += r.num_examples / total * float(np.vdot(d, d))
         bar_sq = sum(float(np.vdot(d, d)) for d in d_bar.values())
-        self.last_step_size = max(1.0, sum_sq / (2 * len(replies) * (bar_sq + self.eps)))
+        self.last_step_size = max(1.0, mean_sq / (2 * (bar_sq + self.eps)))
         new = dict(average)
         for k in keys:
             new[k] = (global_arrays[k] + self.last_step_size * d_bar[k]).astype(global_arrays[k].dtype)

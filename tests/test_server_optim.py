@@ -55,9 +55,8 @@ def ref(name, plan, p):
             mom = pg if mom is None or p["fedavgm-momentum"] == 0 else {k: p["fedavgm-momentum"] * mom[k] + pg[k] for k in d}
             w = {k: w[k] - p["fedavgm-lr"] * mom[k] for k in w}
         elif name == "fedexp":
-            M = len(clients)
-            num = sum(np.sum(a * a) + np.sum(b * b) for a, b, _ in clients)
-            den = 2 * M * (np.sum(d["a"] ** 2) + np.sum(d["b"] ** 2) + p["fedexp-eps"])
+            num = sum(n / total * (np.sum(a * a) + np.sum(b * b)) for a, b, n in clients)
+            den = 2 * (np.sum(d["a"] ** 2) + np.sum(d["b"] ** 2) + p["fedexp-eps"])
             eta = max(1.0, num / den)
             w = {k: w[k] + eta * d[k] for k in w}
         else:
