@@ -20,6 +20,7 @@ saved with the checkpoint, so a resumed run continues exactly.
 from __future__ import annotations
 
 import importlib
+import logging
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -34,6 +35,12 @@ __all__ = ["ServerOptimizer", "Average", "FedExP", "FlowerOptimizer", "build_ser
 
 def float_keys(arrays: ArrayDict) -> list[str]:
     return [k for k, v in arrays.items() if v.dtype.kind == "f"]
+
+
+def squared_norm(x: np.ndarray) -> float:
+    """sum(x^2) with elementwise numpy ops: no BLAS call (a threaded BLAS on a busy
+    machine made ``np.vdot`` 10-50x slower here, and a BLAS pool once hung a run)."""
+    return float(np.square(x).sum())
 
 
 class ServerOptimizer:
@@ -94,8 +101,8 @@ class FedExP(ServerOptimizer):
         for r in replies:
             for k in keys:
                 d = r.arrays[k].astype(np.float64) - global_arrays[k]
-                mean_sq += r.num_examples / total * float(np.vdot(d, d))
-        bar_sq = sum(float(np.vdot(d, d)) for d in d_bar.values())
+                mean_sq += r.num_examples / total * squared_norm(d)
+        bar_sq = sum(squared_norm(d) for d in d_bar.values())
         self.last_step_size = max(1.0, mean_sq / (2 * (bar_sq + self.eps)))
         new = dict(average)
         for k in keys:
@@ -157,7 +164,13 @@ class FlowerOptimizer(ServerOptimizer):
             run_id=0, message_id="average", src_node_id=0, dst_node_id=0, reply_to_message_id="",
             group_id=str(server_round), created_at=time.time(), ttl=1.0, message_type="train",
         )
-        record, _ = self.strategy.aggregate_train(server_round, [Message(content, metadata=metadata)])
+        flwr_logger = logging.getLogger("flwr")
+        level = flwr_logger.level
+        flwr_logger.setLevel(logging.WARNING)  # not its "Received 1 results" line for our one reply
+        try:
+            record, _ = self.strategy.aggregate_train(server_round, [Message(content, metadata=metadata)])
+        finally:
+            flwr_logger.setLevel(level)
         new = dict(average)
         for k in keys:
             new[k] = np.asarray(record[k].numpy(), dtype=global_arrays[k].dtype)
