@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -11,7 +13,7 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from . import protocol
 from .config import parse_run_config
 from .models import build_run_model
-from .node_data import dataset_for, node_client_data
+from .node_data import dataset_for, node_client_data, parse_node_config
 from .training import ClientState, evaluate, resolve_device, train_local
 
 
@@ -118,3 +120,36 @@ def evaluate_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDi
             protocol.TOTAL_PER_CLASS: [int(n) for n in total.tolist()],
         })
     return RecordDict({protocol.METRICS: MetricRecord(metrics)})
+
+
+def query_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDict:
+    """Which partition / site this node is (from its node config; no data is loaded), so
+    the server can sample by partition id."""
+    return RecordDict({protocol.METRICS: MetricRecord({protocol.PARTITION_ID: node_identity(node_config)})})
+
+
+def node_identity(node_config: dict[str, Any]) -> int:
+    """The node's partition id (partition form), or its site's id (node-local form)."""
+    return parse_node_config(node_config).partition_id
+
+
+@contextlib.contextmanager
+def naming_the_site(node_config: dict[str, Any]) -> Iterator[None]:
+    """Prefix an error with the node's partition / site, so the server's record of a failed
+    client says which site it was (Flower only knows its random node id)."""
+    try:
+        yield
+    except Exception as err:
+        try:
+            who = f"partition {node_identity(node_config)}"
+        except Exception:  # noqa: BLE001 - the node config itself is what failed
+            raise err from None
+        raise type(err)(f"[{who}] {err}") if _rebuildable(err) else RuntimeError(f"[{who}] {err}") from err
+
+
+def _rebuildable(err: Exception) -> bool:
+    try:
+        type(err)("probe")
+    except Exception:  # noqa: BLE001
+        return False
+    return True

@@ -129,6 +129,9 @@ def run_experiment(grid: Grid, cfg: RunConfig) -> Path:
             "drift_diversity": report.drift_diversity,
             **({} if report.server_step_size is None else {"server_step_size": report.server_step_size}),
             "clients_sampled": report.sampled,
+            "sampled_partitions": sorted(
+                (strategy.partitions.get(n) for n in report.sampled_nodes), key=lambda p: (p is None, p or 0)
+            ),
             "clients_accepted": report.accepted,
             "clients_failed": len(report.failed),
             "clients_rejected": len(report.rejected),
