@@ -1,4 +1,5 @@
-"""Flower ClientApp entry point (thin): per message, one local training round, one evaluation, or a query (the node's partition id)."""
+"""Flower ClientApp entry point (thin): per message, one local training round, one evaluation,
+or a query (the node's partition id)."""
 
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp

@@ -282,8 +282,8 @@ def test_partial_participation_samples_the_same_partitions_whatever_the_node_ids
         partition_of = {node: pid for pid, node in enumerate(node_ids)}
         grid = PartitionGrid(partition_of, good)
         rounds = []
-        CheckedFedAvg(cfg).run(grid, initial(), on_round_end=lambda r, a, rep: rounds.append(
-            sorted(partition_of[n] for n in rep.sampled_nodes)))
+        CheckedFedAvg(cfg).run(grid, initial(), on_round_end=lambda r, a, rep, rounds=rounds, of=partition_of: (
+            rounds.append(sorted(of[n] for n in rep.sampled_nodes))))
         assert sum(1 for batch in grid.sent if batch[0].metadata.message_type == "query") == 1  # asked once
         picked.append(rounds)
     assert picked[0] == picked[1] and all(len(r) == 3 for r in picked[0])
