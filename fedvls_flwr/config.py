@@ -47,10 +47,11 @@ GENERAL_SETTINGS: tuple[Setting, ...] = (
     Setting("dataset", "digits", "the dataset", choices=DATASETS),
     Setting("data-dir", "~/fedvls-data", "where datasets live (relative paths: against $FEDVLS_BASE_DIR)"),
     Setting("download", False, "let torchvision download MNIST / Fashion-MNIST / CIFAR into data-dir"),
-    Setting("partition", "dirichlet", "label-skew scheme", choices=("dirichlet", "shards", "iid")),
+    Setting("partition", "dirichlet", "label-skew scheme", choices=("dirichlet", "shards", "noniid-labeldir", "iid")),
     Setting("dirichlet-beta", 0.05, "Dirichlet concentration (smaller = stronger skew)",
             **greater(0, "e.g. 0.5, 0.1, 0.05")),
-    Setting("shards-per-client", 2, "shards per client (partition = shards)", **at_least(1)),
+    Setting("shards-per-client", 2, "shards (partition = shards) or classes (noniid-labeldir) per client",
+            **at_least(1)),
     Setting("min-partition-size", 10, "every Dirichlet client holds at least this many samples", **at_least(1)),
     Setting("seed", 0, "partition, model initialisation, client sampling and batch order"),
     Setting("model", "auto", "the network; auto = the paper's model for the dataset", choices=("auto", *MODELS)),
@@ -127,6 +128,7 @@ def _default_run_name(self) -> str:
     skew = {
         "dirichlet": f"dir{self.dirichlet_beta:g}",
         "shards": f"shards{self.shards_per_client}",
+        "noniid-labeldir": f"labeldir{self.shards_per_client}",
         "iid": "iid",
     }[self.partition]
     stamp = time.strftime("%Y%m%d-%H%M%S")

@@ -85,6 +85,8 @@ def _common_title(runs: Sequence[RunRecord]) -> str:
         parts.append(f"Dirichlet β={_fmt_value(shared('dirichlet-beta'))}")
     elif partition == "shards" and shared("shards-per-client") is not None:
         parts.append(f"shards s={_fmt_value(shared('shards-per-client'))}")
+    elif partition == "noniid-labeldir" and shared("shards-per-client") is not None:
+        parts.append(f"noniid-labeldir s={_fmt_value(shared('shards-per-client'))}")
     elif partition is not None:
         parts.append(str(partition))
     return " · ".join(parts)

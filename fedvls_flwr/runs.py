@@ -271,7 +271,7 @@ def config_value(config: dict[str, Any], key: str) -> Any:
         return partition
     if key == "dirichlet-beta" and partition is not None and partition != "dirichlet":
         return None
-    if key == "shards-per-client" and partition is not None and partition != "shards":
+    if key == "shards-per-client" and partition is not None and partition not in ("shards", "noniid-labeldir"):
         return None
     return config.get(key)
 

@@ -74,7 +74,8 @@ def run_name(overrides: dict[str, Any], varying: tuple[str, ...] = ()) -> str:
     """A readable folder name: dataset, method, skew, seed, plus the ``varying`` keys."""
     run, federation = split_federation(overrides)
     cfg = parse_run_config({k: v for k, v in run.items() if k != "run-name"})
-    skew = {"dirichlet": f"dir{cfg.dirichlet_beta:g}", "shards": f"shards{cfg.shards_per_client}", "iid": "iid"}
+    skew = {"dirichlet": f"dir{cfg.dirichlet_beta:g}", "shards": f"shards{cfg.shards_per_client}",
+            "noniid-labeldir": f"labeldir{cfg.shards_per_client}", "iid": "iid"}
     parts = [cfg.dataset, cfg.method, "natural" if cfg.dataset == "synthetic" else skew[cfg.partition]]
     for key in varying:
         if key in NAME_KEYS or key in FEDERATION_KEYS or key not in run:
