@@ -95,6 +95,29 @@ class RunRecord:
             value = _num(max(trained, key=_round_of)["accuracy"])
         return value * self.scale
 
+    def incomplete(self) -> str | None:
+        """Why the run is not a complete run ("failed in round 3", "stopped after round 7 of
+        50"), or None for a run that completed every round it was asked for."""
+        trained = [_round_of(r) for r in self.rounds if _round_of(r) >= 1]
+        last = max(trained, default=0)
+        asked = self.config.get("num-server-rounds")
+        if self.summary.get("status") == "failed":
+            return f"failed in round {last + 1}"
+        if isinstance(asked, int) and last < asked:
+            return f"stopped after round {last} of {asked}"
+        return None
+
+    def dropped_share(self) -> float:
+        """Mean over rounds of the share of client updates that were not used (the client
+        failed, sent nothing, or its reply was rejected, e.g. non-finite weights)."""
+        shares = []
+        for r in self.rounds:
+            dropped = _num(r.get("clients_failed", 0)) + _num(r.get("clients_rejected", 0))
+            used = _num(r.get("clients_accepted"))
+            if _round_of(r) >= 1 and math.isfinite(used) and math.isfinite(dropped) and used + dropped > 0:
+                shares.append(dropped / (used + dropped))
+        return float(np.mean(shares)) if shares else 0.0
+
     def accuracy_curve(self) -> tuple[np.ndarray, np.ndarray]:
         """(rounds, accuracy in %) over all evaluated rounds, round 0 included, sorted."""
         by_round: dict[int, float] = {}

@@ -38,6 +38,14 @@ class Cell:
     best_values: list[float]
     final_values: list[float]
     run_paths: list[Path]
+    #: runs of this cell left out of the means: "seed 2: failed in round 3"
+    excluded: list[str] = field(default_factory=list)
+    #: per run in the means: the share of its client updates that were not used
+    dropped_shares: list[float] = field(default_factory=list)
+
+    @property
+    def dropped_share(self) -> float:
+        return float(np.mean(self.dropped_shares)) if self.dropped_shares else 0.0
 
     @property
     def n(self) -> int:
@@ -116,13 +124,16 @@ def table(
     runs: Sequence[RunRecord],
     rows: Sequence[str] = ("dataset", "partition", "dirichlet-beta"),
     cols: Sequence[str] = ("method",),
+    include_incomplete: bool = False,
 ) -> ReportTable:
     """Group runs by config values of ``rows`` x ``cols``; per cell mean/std over seeds.
 
     ``method`` groups by the variant label (see :func:`method_label`), so ablations stay
-    apart. Std is the sample std (ddof = 1), 0 for a single seed. Runs without any
-    accuracy are left out (named in ``notes``); so are notes on cells whose runs differ in
-    other settings or repeat a seed.
+    apart. Std is the sample std (ddof = 1), 0 for a single seed. A run that failed or
+    stopped before its last round is left out of the means (a diverging method must not
+    look better for it) and counted in its cell, unless ``include_incomplete``. Runs
+    without any accuracy are left out (named in ``notes``); so are notes on cells whose
+    runs differ in other settings or repeat a seed.
     """
     rows, cols = tuple(rows), tuple(cols)
     row_sort: dict[tuple, tuple] = {}
@@ -141,6 +152,12 @@ def table(
         row_sort.setdefault(row, tuple(_value_sort_key(k, v, run.config) for k, v in zip(rows, row)))
         col_sort.setdefault(col, tuple(_value_sort_key(k, v, run.config) for k, v in zip(cols, col)))
         cell = cells.setdefault((row, col), Cell(row, col, [], [], [], []))
+        why = run.incomplete()
+        if why is not None and not include_incomplete:
+            cell.excluded.append(f"seed {run.seed}: {why}")
+            members.setdefault((row, col), [])
+            continue
+        cell.dropped_shares.append(run.dropped_share())
         cell.seeds.append(run.seed)
         cell.best_values.append(best)
         cell.final_values.append(final if final is not None else math.nan)
@@ -151,7 +168,7 @@ def table(
         repeated = [s for s, k in Counter(map(str, cell.seeds)).items() if k > 1]
         if repeated:
             notes.append(f"[{where}] seed repeated: {', '.join(repeated)}")
-        mixed = _mixed_settings(members[(row, col)], set(rows) | set(cols))
+        mixed = _mixed_settings(members[(row, col)], set(rows) | set(cols)) if members[(row, col)] else []
         if mixed:
             notes.append(f"[{where}] runs differ in: {', '.join(mixed)}")
     return ReportTable(
@@ -165,17 +182,28 @@ def table(
 
 
 def format_cell(cell: Cell | None, show_n: bool = False) -> str:
-    """"best ± std (final ± std)" in %; no ± for a single seed; "–" for no runs."""
-    if cell is None or cell.n == 0:
+    """"best ± std (final ± std)" in %; no ± for a single seed; "–" for no runs. Runs left
+    out and updates dropped are said in brackets: "[n=2 of 3, seed 0: failed in round 1]",
+    "[8% of updates dropped]"."""
+    if cell is None or (cell.n == 0 and not cell.excluded):
         return "–"
+    notes = []
+    if cell.excluded:
+        notes.append(f"n={cell.n} of {cell.n + len(cell.excluded)}, " + "; ".join(cell.excluded))
+    elif show_n:
+        notes.append(f"n={cell.n}")
+    if cell.dropped_share > 0:
+        notes.append(f"{100 * cell.dropped_share:.0f}% of updates dropped")
+    suffix = f" [{'; '.join(notes)}]" if notes else ""
+    if cell.n == 0:
+        return "no complete run" + suffix
 
     def part(mean: float, std: float) -> str:
         if not math.isfinite(mean):
             return "n/a"
         return f"{mean:.2f}" if cell.n == 1 else f"{mean:.2f} ± {std:.2f}"
 
-    text = f"{part(cell.best_mean, cell.best_std)} ({part(cell.final_mean, cell.final_std)})"
-    return f"{text} [n={cell.n}]" if show_n else text
+    return f"{part(cell.best_mean, cell.best_std)} ({part(cell.final_mean, cell.final_std)})" + suffix
 
 
 def markdown_table(report_table: ReportTable) -> str:
@@ -190,7 +218,10 @@ def markdown_table(report_table: ReportTable) -> str:
         seeds_text = "seeds per cell differ, given as [n=...] in each cell"
     lines = [
         "Top-1 test accuracy (%) of the global model: **best over rounds (final round)**, "
-        f"mean ± sample std over seeds; {seeds_text}. A single seed shows no ±.",
+        f"mean ± sample std over seeds; {seeds_text}. A single seed shows no ±. Runs that failed "
+        "or stopped early are left out of the means and named in their cell ([n=2 of 3, ...]); "
+        "[x% of updates dropped]: the mean share of client updates per round that could not be "
+        "used (client failed, no reply, or reply rejected - e.g. non-finite weights).",
         "",
     ]
     # a column key that does not apply to a column's runs (another method's setting) is left out
@@ -220,7 +251,7 @@ def write_table(report_table: ReportTable, out_dir: str | Path, name: str = "res
     t = report_table
     header = list(t.row_keys) + list(t.col_keys) + [
         "n", "best_mean", "best_std", "final_mean", "final_std",
-        "seeds", "best_per_seed", "final_per_seed",
+        "seeds", "best_per_seed", "final_per_seed", "excluded", "dropped_share",
     ]
     with csv_path.open("w", newline="") as handle:
         writer = csv.writer(handle)
@@ -239,6 +270,8 @@ def write_table(report_table: ReportTable, out_dir: str | Path, name: str = "res
                         ";".join("" if s is None else str(s) for s in cell.seeds),
                         ";".join(_csv_float(v) for v in cell.best_values),
                         ";".join(_csv_float(v) for v in cell.final_values),
+                        "; ".join(cell.excluded),
+                        _csv_float(cell.dropped_share),
                     ]
                 )
     return md_path, csv_path
