@@ -66,8 +66,10 @@ def make_report(
     out_dir: str | Path | None = None,
     rows: Sequence[str] = ("dataset", "partition", "dirichlet-beta"),
     cols: Sequence[str] = ("method",),
+    include_incomplete: bool = False,
 ) -> dict[str, Path]:
-    """Load every finished run under root; write the table and every plot with data.
+    """Load every finished run under root; write the table and every plot with data
+    (failed or stopped runs out of the table's means unless ``include_incomplete``).
 
     Output (default ``<root>/report``): results.md/.csv; per table row (dataset x
     partition ...): ``accuracy-<row>.png`` and ``per-class-<row>.png``; one
@@ -80,7 +82,7 @@ def make_report(
         out_dir = Path(root) / "report"
     out_dir = Path(out_dir)
     written: dict[str, Path] = {}
-    report_table = table(runs, rows=rows, cols=cols)
+    report_table = table(runs, rows=rows, cols=cols, include_incomplete=include_incomplete)
     written["table_md"], written["table_csv"] = write_table(report_table, out_dir)
     if (diag := write_diagnostics(report_table, runs, out_dir)) is not None:
         written["diagnostics_md"], written["diagnostics_csv"] = diag
@@ -121,11 +123,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="output folder (default: ROOT/report)")
     parser.add_argument("--rows", default="dataset,partition,dirichlet-beta", help="config keys for rows")
     parser.add_argument("--cols", default="method", help="config keys for columns")
+    parser.add_argument("--include-incomplete", action="store_true",
+                        help="average failed and stopped runs into the means too (they are left out by default)")
     args = parser.parse_args(argv)
     root = args.root[0] if len(args.root) == 1 else args.root
     written = make_report(
         root, args.out,
         rows=tuple(k for k in args.rows.split(",") if k), cols=tuple(k for k in args.cols.split(",") if k),
+        include_incomplete=args.include_incomplete,
     )
     for name, path in written.items():
         print(f"{name}: {path}")
