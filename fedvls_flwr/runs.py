@@ -189,7 +189,10 @@ def load_run(run_dir: str | Path) -> RunRecord:
             clients = loaded if isinstance(loaded, dict) else None
         except json.JSONDecodeError:
             clients = None
-    return RunRecord(path=run_dir, config=dict(config), summary=summary, rounds=rounds, clients=clients)
+    config = dict(config)
+    if config.get("train-pool-size") == 0 and isinstance(summary.get("num_train_pool"), int):
+        config["train-pool-size"] = summary["num_train_pool"]  # 0 = the whole pool: say how large it was
+    return RunRecord(path=run_dir, config=config, summary=summary, rounds=rounds, clients=clients)
 
 
 def load_runs(root_or_dirs: str | Path | Iterable[str | Path]) -> list[RunRecord]:

@@ -278,6 +278,75 @@ def write_table(report_table: ReportTable, out_dir: str | Path, name: str = "res
 
 
 # ---------------------------------------------------------------------------------------
+# paired gaps: one method minus another, seed by seed (the same partitions)
+# ---------------------------------------------------------------------------------------
+@dataclass
+class Gap:
+    """``minuend`` minus ``subtrahend`` best accuracy (points), per seed both ran."""
+
+    row: tuple
+    minuend: str
+    subtrahend: str
+    seeds: list[Any]
+    values: list[float]
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.values)) if self.values else math.nan
+
+    @property
+    def std(self) -> float:
+        return float(np.std(self.values, ddof=1)) if len(self.values) > 1 else 0.0
+
+
+def paired_gaps(report_table: ReportTable, pairs: Sequence[tuple[str, str]]) -> list[Gap]:
+    """Per table row and (minuend, subtrahend) pair of column labels: the best-accuracy
+    differences of the seeds that both columns ran (runs with the same seed share their
+    partition, so the difference is paired). Rows where a label is missing are skipped."""
+    gaps = []
+    labels = {", ".join(_fmt_value(v) for v in col if v is not None): col for col in report_table.col_values}
+    for row in report_table.row_values:
+        for minuend, subtrahend in pairs:
+            a = report_table.cell(row, labels.get(minuend, ()))
+            b = report_table.cell(row, labels.get(subtrahend, ()))
+            if a is None or b is None:
+                continue
+            b_by_seed = dict(zip(map(str, b.seeds), b.best_values))
+            seeds = [s for s in a.seeds if str(s) in b_by_seed]
+            values = [a.best_values[a.seeds.index(s)] - b_by_seed[str(s)] for s in seeds]
+            if values:
+                gaps.append(Gap(row, minuend, subtrahend, seeds, values))
+    return gaps
+
+
+def write_gaps(report_table: ReportTable, gaps: Sequence[Gap], out_dir: str | Path) -> tuple[Path, Path]:
+    """``gaps.md`` and ``gaps.csv``: mean ± std over seeds and the per-seed differences."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lines = [
+        "Difference of the best-over-rounds top-1 accuracy (percentage points), seed by seed "
+        "(same seed = same partition), mean ± sample std over the seeds both ran.",
+        "",
+        "| " + " | ".join([*report_table.row_keys, "difference", "mean ± std", "per seed"]) + " |",
+        "|" + "|".join(" --- " for _ in range(len(report_table.row_keys) + 3)) + "|",
+    ]
+    csv_path = out_dir / "gaps.csv"
+    with csv_path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow([*report_table.row_keys, "minuend", "subtrahend", "n", "mean", "std", "seeds", "values"])
+        for g in gaps:
+            per_seed = ", ".join(f"s{s}: {v:+.2f}" for s, v in zip(g.seeds, g.values))
+            lines.append("| " + " | ".join([*(_fmt_value(v) for v in g.row), f"{g.minuend} − {g.subtrahend}",
+                                             f"{g.mean:+.2f} ± {g.std:.2f}", per_seed]) + " |")
+            writer.writerow([*("" if v is None else v for v in g.row), g.minuend, g.subtrahend, len(g.values),
+                             _csv_float(g.mean), _csv_float(g.std), ";".join(map(str, g.seeds)),
+                             ";".join(_csv_float(v) for v in g.values)])
+    md_path = out_dir / "gaps.md"
+    md_path.write_text("\n".join(lines) + "\n")
+    return md_path, csv_path
+
+
+# ---------------------------------------------------------------------------------------
 # diagnostics table (drift diversity, the local-update view)
 # ---------------------------------------------------------------------------------------
 #: The diagnostics are averaged over the last rounds of a run (a late, well-trained global

@@ -369,3 +369,22 @@ def test_dropped_client_updates_are_shown_in_the_cell(tmp_path):
     (cell,) = table(load_runs(root), rows=("dataset",), cols=("method",)).cells.values()
     assert cell.dropped_share == pytest.approx((0.25 + 0 + 0.25) / 3)
     assert "[17% of updates dropped]" in format_cell(cell)
+
+
+def test_paired_gap_against_pool_size(tmp_path):
+    """FedVLS minus FedAvg seed by seed, per training-pool size; 0 (the whole pool) is
+    shown as the pool's real size."""
+    root = tmp_path / "runs"
+    acc = {(3000, "fedavg"): [0.70, 0.60], (3000, "fedvls"): [0.65, 0.62],
+           (0, "fedavg"): [0.80, 0.82], (0, "fedvls"): [0.78, 0.86]}
+    for (size, method), values in acc.items():
+        for seed, best in enumerate(values):
+            run = _write_run(root / f"{method}-{size}-{seed}", _config(method, seed, **{"train-pool-size": size}), best, best)
+            summary = json.loads((run / "summary.json").read_text())
+            (run / "summary.json").write_text(json.dumps({**summary, "num_train_pool": 60000 if size == 0 else size}))
+    written = make_report(root, out_dir=tmp_path / "rep", rows=("dataset", "train-pool-size"), cols=("method",),
+                          gaps=[("FedVLS", "FedAvg")])
+    md = written["gaps_md"].read_text()
+    assert "| mnist10k | 3000 | FedVLS − FedAvg | -1.50 ± 4.95 | s0: -5.00, s1: +2.00 |" in md
+    assert "| mnist10k | 60000 | FedVLS − FedAvg | +1.00 ± 4.24 | s0: -2.00, s1: +4.00 |" in md
+    assert _is_png(written["gaps_plot"])
