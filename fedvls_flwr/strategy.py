@@ -141,6 +141,7 @@ class CheckedFedAvg(FedAvg):
         self.report = RoundReport(0)
         self._federation_assembled = False  # min-nodes were connected once (see _wait_for_nodes)
         self.partitions: dict[int, int] = {}  # node id -> partition id (queries and replies)
+        self.sizes: dict[int, float] = {}  # node id -> its last num-examples (message order)
 
     # ---- sampling and broadcast -------------------------------------------
     def sample(self, node_ids: list[int], server_round: int) -> list[int]:
@@ -193,9 +194,12 @@ class CheckedFedAvg(FedAvg):
         self.report.clients = []
         log(INFO, "round %d: training on %d of %d nodes", server_round, len(sampled), len(node_ids))
         record = RecordDict({protocol.ARRAYS: arrays, protocol.CONFIG: self.round_config(server_round)})
+        # Largest clients first (their sizes are known from earlier replies): with fewer
+        # workers than clients, a large client started last would finish the round alone.
+        order = sorted(sampled, key=lambda n: (-self.sizes.get(n, math.inf), n))
         return [
             Message(content=record, message_type=MessageType.TRAIN, dst_node_id=node_id)
-            for node_id in sampled
+            for node_id in order
         ]
 
     def _wait_for_nodes(self, grid: Grid) -> list[int]:
@@ -251,6 +255,7 @@ class CheckedFedAvg(FedAvg):
                 log(WARNING, "round %d: rejected the reply of %s: %s", server_round, self._name(node_id), reason)
                 continue
             accepted.append(reply)
+            self.sizes[node_id] = reply.num_examples
             self.report.clients.append({"node": node, **self._client_info(msg.content)})
         answered = {m.metadata.src_node_id for m in replies}
         silent = [n for n in self.report.sampled_nodes if n not in answered]

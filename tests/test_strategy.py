@@ -305,3 +305,10 @@ def test_failures_name_the_partition_of_the_node():
     failed = {f["node"]: f for f in reports[1].failed}
     assert failed["12"]["partition_id"] == 2 and "boom" in failed["12"]["reason"]
     assert failed["13"]["partition_id"] == 3 and "no reply" in failed["13"]["reason"]
+
+
+def test_train_messages_go_out_largest_client_first_once_sizes_are_known():
+    sizes = {11: 10, 12: 300, 13: 50}
+    grid = FakeGrid(list(sizes), lambda node, attempt: reply(node, arrays(1.0), sizes[node]))
+    CheckedFedAvg(RunConfig(num_server_rounds=2)).run(grid, initial(), on_round_end=lambda *a: None)
+    assert [m.metadata.dst_node_id for m in grid.sent[1]] == [12, 13, 11]
