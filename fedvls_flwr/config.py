@@ -9,6 +9,8 @@ what is allowed - before Ray, a SuperLink or a dataset spends any time.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import math
 import os
 import time
 from dataclasses import dataclass, fields
@@ -148,7 +150,10 @@ def _coerce(key: str, field_name: str, value: Any, default: Any) -> Any:
             return value.lower() == "true"
         raise ConfigError(f"run config '{key}' = {value!r}: expected true or false")
     if expected is int:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+        # float.is_integer() is False for inf and nan (int(inf) would raise OverflowError)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            isinstance(value, float) and not value.is_integer()
+        ):
             raise ConfigError(f"run config '{key}' = {value!r}: expected an integer")
         return int(value)
     if expected is float:
@@ -185,8 +190,10 @@ def parse_run_config(raw: dict[str, Any], *, strict: bool = True) -> RunConfig:
     for key, value in raw.items():
         if key not in known:
             if strict:
-                close = [k for k in known if k.replace("-", "") == key.replace("-", "").replace("_", "")]
-                hint = f" (did you mean '{close[0]}'?)" if close else ""
+                hint = did_you_mean(key, known)
+                if key in FEDERATION_ONLY:
+                    hint = (f" ('{key}' is a federation setting: flwr run ... "
+                            f"--federation-config \"{key}=...\", not --run-config)")
                 raise ConfigError(
                     f"unknown run config key '{key}'{hint}; known keys: {', '.join(sorted(known))}"
                 )
@@ -198,8 +205,37 @@ def parse_run_config(raw: dict[str, Any], *, strict: bool = True) -> RunConfig:
     return cfg
 
 
+# Names people reach for that are not keys of this app: what to write instead.
+SYNONYMS = {
+    "learning-rate": "lr", "rounds": "num-server-rounds", "num-rounds": "num-server-rounds",
+    "epochs": "local-epochs", "wd": "weight-decay", "beta": "dirichlet-beta", "alpha": "dirichlet-beta",
+}
+FEDERATION_ONLY = ("num-supernodes", "client-resources-num-cpus", "client-resources-num-gpus")
+
+
+def did_you_mean(key: str, known) -> str:
+    """`` (did you mean 'x'?)`` for the known key closest to ``key`` (hyphens/underscores
+    and case ignored first, then a few synonyms, then difflib's similarity), or ``""``."""
+    known = list(known)
+    flat = key.replace("-", "").replace("_", "").lower()
+    close = [k for k in known if k.replace("-", "").replace("_", "").lower() == flat]
+    if not close and SYNONYMS.get(key.replace("_", "-").lower()) in known:
+        close = [SYNONYMS[key.replace("_", "-").lower()]]
+    close = close or difflib.get_close_matches(key.replace("_", "-").lower(), known, n=1, cutoff=0.7)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
 def validate(cfg: RunConfig) -> None:
     """Range and choice checks that need no data and no Flower."""
+    # Every float setting must be finite: no rate, weight, temperature, Dirichlet or
+    # Synthetic parameter or fraction means anything at inf/nan. round-timeout too: "wait
+    # forever" is not a useful setting (a vanished node would hang the run; Flower's
+    # messages expire after 12 h anyway), and JSON result files cannot store infinity.
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"run config '{f.name.replace('_', '-')}' = {value!r}: must be a finite number")
+    _check(cfg.seed >= 0, "seed", cfg.seed, ">= 0 (an integer; the partition and sampling draw from it)")
     _choice("method", cfg.method, METHODS)
     _choice("dataset", cfg.dataset, DATASETS)
     _choice("partition", cfg.partition, PARTITIONS)
