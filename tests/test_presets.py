@@ -51,3 +51,68 @@ def test_missing_data_or_impossible_split_fails_before_any_superlink(tmp_path, b
     bad.write_text(f"base: {base}\ngrid: {{method: [fedavg]}}\n")
     with pytest.raises(PresetError, match=message):
         sweep.run_preset(load_preset(bad), tmp_path / "out", report=False)
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        # was: passed --dry-run, then a Python traceback from `flwr run --federation-config`
+        ("federation: {num-supernode: 10}", "unknown federation key 'num-supernode' (did you mean 'num-supernodes'?)"),
+        ("federation: {num-supernodes: 0}", "federation 'num-supernodes' = 0: must be an integer >= 1"),
+        ("federation: {client-resources-num-cpus: -1}", "'client-resources-num-cpus' = -1: must be a number > 0"),
+        # were: accepted silently, a table column of dashes
+        ("table: {rows: [datset], cols: [method]}", "unknown table rows entry 'datset' (did you mean 'dataset'?)"),
+        ("table: {rows: [dataset], colums: [method]}", "unknown table key 'colums' (did you mean 'cols'?)"),
+        ("table: {rows: [], cols: [method]}", "table 'rows' must be a non-empty list"),
+        ("tabel: {rows: [dataset]}", "unknown top-level key 'tabel' (did you mean 'table'?)"),
+        ("variants: [{num-supernode: 3}]", "unknown key in variants 'num-supernode' (did you mean 'num-supernodes'?)"),
+        ("variants: {use-dis: false}", "'variants' must be a list of mappings"),
+    ],
+)
+def test_preset_typos_fail_at_load_with_a_did_you_mean(tmp_path, extra, message):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"base: {{dataset: digits}}\ngrid: {{method: [fedavg]}}\n{extra}\n")
+    with pytest.raises(PresetError) as err:
+        load_preset(bad)
+    assert message in str(err.value)
+
+
+def test_grid_key_typo_names_run_config_and_federation_keys(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("base: {dataset: digits}\ngrid: {method: [fedavg], num-supernode: [3, 5]}\n")
+    with pytest.raises(PresetError, match="unknown key in grid 'num-supernode' \\(did you mean 'num-supernodes'\\?\\)"):
+        load_preset(bad)
+    good = tmp_path / "good.yaml"
+    good.write_text("base: {dataset: digits}\ngrid: {method: [fedavg], num-supernodes: [3, 5]}\n"
+                    "table: {rows: [dataset, num-server-rounds], cols: [label]}\n")
+    preset = load_preset(good)
+    assert [r["num-supernodes"] for r in preset.runs] == [3, 5]
+    assert (preset.table_rows, preset.table_cols) == (("dataset", "num-server-rounds"), ("label",))
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--set", "lr="], "--set: 'lr=' has no value"),
+        (["--set", "lr=0.1 momentum"], "--set: 'momentum' after 'lr=0.1' is not key=value"),
+        (["--set", "lr"], "--set: 'lr' is not key=value"),
+        (["--set", "lamda-dis=0.2"], "unknown key in --set 'lamda-dis' (did you mean 'lambda-dis'?)"),
+        (["--only", "datset=digits"], "unknown --only key 'datset' (did you mean 'dataset'?)"),
+        (["--seeds", "0,one"], "--seeds '0,one': expected comma-separated integers"),
+    ],
+)
+def test_sweep_command_line_rejects_bad_overrides(args, message, capsys):
+    from fedvls_flwr.sweep import main
+
+    assert main([str(CONF / "mnist10k-dir0.05.yaml"), "--dry-run", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_sweep_set_takes_several_items_and_yaml_values(capsys):
+    from fedvls_flwr.sweep import main
+
+    assert main([str(CONF / "mnist10k-dir0.05.yaml"), "--dry-run", "--set", "lr=0.05 use-dis=false",
+                 "--set", "run-name-suffix=x"]) == 2  # an unknown key still fails
+    assert main([str(CONF / "mnist10k-dir0.05.yaml"), "--dry-run", "--set", "lr=0.05 use-dis=false"]) == 0
+    out = capsys.readouterr().out
+    assert '"lr": 0.05' in out and '"use-dis": false' in out
