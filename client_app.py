@@ -4,8 +4,9 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from fedvls_flwr.client import evaluate_round, train_round
+from fedvls_flwr.mods import mods_from_env
 
-app = ClientApp()
+app = ClientApp(mods=mods_from_env())  # none unless FEDVLS_CLIENT_MODS names some (tests)
 
 
 @app.train()

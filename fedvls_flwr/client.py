@@ -2,36 +2,17 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 
-from .config import parse_run_config
-from .models import build_model, default_model
+from . import protocol
+from .config import model_name, parse_run_config
+from .models import build_model
 from .node_data import dataset_for, node_client_data
-from .strategy import ARRAYS_KEY, CONFIG_KEY, METRICS_KEY
 from .training import evaluate, resolve_device, train_local
-
-
-def model_name(cfg) -> str:
-    return default_model(cfg.dataset) if cfg.model == "auto" else cfg.model
-
-
-FAULT_ENV = "FEDVLS_INJECT_FAULT"
-
-
-def injected_fault(partition_id: int, server_round: int) -> str | None:
-    """Fault injection for the reliability tests: ``FEDVLS_INJECT_FAULT`` holds entries
-    ``kind:partition:round`` (kind ``raise`` or ``nan``) separated by commas, read from the
-    environment of the process that runs the ClientApp. Unset in normal use."""
-    for entry in filter(None, os.environ.get(FAULT_ENV, "").split(",")):
-        kind, pid, rnd = entry.split(":")
-        if int(pid) == partition_id and int(rnd) == server_round:
-            return kind
-    return None
 
 
 def local_test_per_class(cfg, model, device) -> list[float]:
@@ -44,20 +25,17 @@ def local_test_per_class(cfg, model, device) -> list[float]:
 
 
 def train_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDict:
-    config = dict(content[CONFIG_KEY])
+    config = dict(content[protocol.CONFIG])
     cfg = parse_run_config(config, strict=False)
-    server_round = int(config.get("server-round", 0))
+    server_round = int(config.get(protocol.SERVER_ROUND, 0))
     if cfg.torch_threads > 0:
         torch.set_num_threads(cfg.torch_threads)
     device = resolve_device(cfg.device)
 
     data = node_client_data(cfg, node_config)
     partition_id = data.partition_id
-    fault = injected_fault(partition_id, server_round)
-    if fault == "raise":
-        raise RuntimeError(f"injected fault: partition {partition_id} raises in round {server_round}")
     model = build_model(model_name(cfg), tuple(data.x.shape[1:]), data.num_classes)
-    model.load_state_dict(content[ARRAYS_KEY].to_torch_state_dict(), strict=True)
+    model.load_state_dict(content[protocol.ARRAYS].to_torch_state_dict(), strict=True)
 
     # Batch order depends on (seed, round, partition) only: reproducible on any node.
     seed = int(np.random.SeedSequence([cfg.seed, server_round, partition_id]).generate_state(1)[0])
@@ -68,20 +46,18 @@ def train_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDict:
         augment=cfg.augment,  # no effect on the MNIST-like sets (stored normalised, mean=None)
     )
     metrics = {
-        "num-examples": result.num_examples,
-        "train-loss": result.loss,
-        "num-vacant": result.num_vacant,
-        "partition-id": partition_id,
-        "class-counts": result.class_counts,
-        **{f"train-{name}": value for name, value in result.terms.items()},
+        protocol.NUM_EXAMPLES: result.num_examples,
+        protocol.TRAIN_LOSS: result.loss,
+        protocol.NUM_VACANT: result.num_vacant,
+        protocol.PARTITION_ID: partition_id,
+        protocol.CLASS_COUNTS: result.class_counts,
+        **{protocol.TRAIN_TERM_PREFIX + name: value for name, value in result.terms.items()},
     }
     if cfg.local_eval:
         # The paper's local-update view: this client's updated model on the test set.
-        metrics["local-per-class-accuracy"] = local_test_per_class(cfg, model, device)
+        metrics[protocol.LOCAL_PER_CLASS_ACCURACY] = local_test_per_class(cfg, model, device)
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    if fault == "nan":
-        state = {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v for k, v in state.items()}
-    return RecordDict({ARRAYS_KEY: ArrayRecord(state), METRICS_KEY: MetricRecord(metrics)})
+    return RecordDict({protocol.ARRAYS: ArrayRecord(state), protocol.METRICS: MetricRecord(metrics)})
 
 
 def evaluate_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDict:
@@ -90,15 +66,15 @@ def evaluate_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDi
     Replies per-class correct/total counts so the server can pool them exactly; a node
     without a local test split (node config test-fraction = 0) replies num-examples 0.
     """
-    cfg = parse_run_config(dict(content[CONFIG_KEY]), strict=False)
+    cfg = parse_run_config(dict(content[protocol.CONFIG]), strict=False)
     if cfg.torch_threads > 0:
         torch.set_num_threads(cfg.torch_threads)
     data = node_client_data(cfg, node_config)
-    metrics: dict[str, Any] = {"num-examples": 0, "partition-id": data.partition_id}
+    metrics: dict[str, Any] = {protocol.NUM_EXAMPLES: 0, protocol.PARTITION_ID: data.partition_id}
     if data.test_x is not None and data.test_y.numel() > 0:
         device = resolve_device(cfg.device)
         model = build_model(model_name(cfg), tuple(data.x.shape[1:]), data.num_classes)
-        model.load_state_dict(content[ARRAYS_KEY].to_torch_state_dict(), strict=True)
+        model.load_state_dict(content[protocol.ARRAYS].to_torch_state_dict(), strict=True)
         res = evaluate(
             model, data.test_x, data.test_y, data.num_classes, device=device,
             batch_size=cfg.eval_batch_size, mean=data.mean, std=data.std,
@@ -106,9 +82,9 @@ def evaluate_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDi
         total = torch.bincount(data.test_y, minlength=data.num_classes)
         correct = [0 if n == 0 else round(a * n) for a, n in zip(res.per_class_accuracy, total.tolist())]
         metrics.update({
-            "num-examples": res.num_examples,
-            "loss-sum": res.loss * res.num_examples,
-            "correct-per-class": correct,
-            "total-per-class": [int(n) for n in total.tolist()],
+            protocol.NUM_EXAMPLES: res.num_examples,
+            protocol.LOSS_SUM: res.loss * res.num_examples,
+            protocol.CORRECT_PER_CLASS: correct,
+            protocol.TOTAL_PER_CLASS: [int(n) for n in total.tolist()],
         })
-    return RecordDict({METRICS_KEY: MetricRecord(metrics)})
+    return RecordDict({protocol.METRICS: MetricRecord(metrics)})

@@ -95,7 +95,7 @@ def make_certificates(
         raise ValueError("give at least one --host (the address SuperNodes and users dial)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    now = _dt.datetime.now(_dt.timezone.utc) - _dt.timedelta(minutes=5)
+    now = _dt.datetime.now(_dt.UTC) - _dt.timedelta(minutes=5)
     until = now + _dt.timedelta(days=days)
 
     def pem_key(key) -> bytes:

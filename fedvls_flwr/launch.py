@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .settings import toml_value
+
 BIN_DIR = Path(sys.executable).parent
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 
@@ -78,7 +80,7 @@ class TlsFiles:
     server_key: Path
 
     @classmethod
-    def in_dir(cls, directory: Path) -> "TlsFiles":
+    def in_dir(cls, directory: Path) -> TlsFiles:
         """The layout ``python -m fedvls_flwr.deploy certs DIR`` writes."""
         directory = Path(directory)
         return cls(directory / "ca.pem", directory / "server.pem", directory / "server.key")
@@ -87,14 +89,6 @@ class TlsFiles:
 def node_config_arg(node_config: dict[str, Any]) -> str:
     """A dict as the value of ``flower-supernode --node-config`` (TOML values)."""
     return run_config_arg(node_config)
-
-
-def toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value)  # a TOML basic string
-    return repr(value)
 
 
 def run_config_arg(overrides: dict[str, Any]) -> str:
@@ -224,7 +218,7 @@ class LocalSuperLink:
     def start(
         self, insecure: bool = True, timeout: float = 60.0, *,
         tls: TlsFiles | None = None, supernode_auth: bool = False,
-    ) -> "LocalSuperLink":
+    ) -> LocalSuperLink:
         """Start the SuperLink; ``tls`` serves every API over TLS (``insecure`` is then
         ignored), ``supernode_auth`` only admits SuperNodes whose public key was registered."""
         if tls is not None:
@@ -362,7 +356,7 @@ class LocalSuperLink:
         """PIDs of started processes that are still running."""
         return [p.pid for p in self.processes if p.poll() is None]
 
-    def __enter__(self) -> "LocalSuperLink":
+    def __enter__(self) -> LocalSuperLink:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -74,29 +74,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .config import DEFAULT_MODELS, MODELS
+
 __all__ = ["MODELS", "default_model", "build_model", "count_parameters"]
-
-MODELS = ("mlp", "logreg", "cnn", "mobilenetv2", "resnet18", "resnet18-imagenet", "resnet32")
-
-_DEFAULTS = {
-    "digits": "mlp",
-    "mnist": "mlp",
-    "mnist10k": "mlp",
-    "fmnist": "mlp",
-    "cifar10": "mobilenetv2",
-    "cifar100": "mobilenetv2",
-    "tinyimagenet": "mobilenetv2",
-    "synthetic": "logreg",
-}
 
 
 def default_model(dataset: str) -> str:
     """The paper's model for ``dataset`` (what ``model = "auto"`` resolves to)."""
     try:
-        return _DEFAULTS[dataset]
+        return DEFAULT_MODELS[dataset]
     except KeyError:
         raise ValueError(
-            f"no default model for dataset {dataset!r}; known datasets: {', '.join(_DEFAULTS)}"
+            f"no default model for dataset {dataset!r}; known datasets: {', '.join(DEFAULT_MODELS)}"
         ) from None
 
 

@@ -1,7 +1,9 @@
 """Local training objectives: FedAvg, FedLC, FedNTD, FedVLS (bounded and paper forms).
 
-Plain PyTorch; no Flower import. See SPEC.md (sections FedAvg, FedLC, FedNTD, FedVLS and
-"The paper's L_logit is ill-posed as written").
+Plain PyTorch; no Flower import. The formulas, their papers and where the authors' code
+differs are in docs/methods.md. Each objective is registered, with its run-config keys, in
+:mod:`fedvls_flwr.methods`; :func:`build_objective` hands it exactly those keys (kebab-case,
+as users write them), already checked against their declared rules.
 
 Conventions
 -----------
@@ -30,18 +32,18 @@ Conventions
 
 from __future__ import annotations
 
+import importlib
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = [
-    "METHODS",
     "MASK_VALUE",
     "PRIOR_EPS",
-    "ObjectiveParams",
     "Objective",
     "FedAvgObjective",
     "FedLCObjective",
@@ -51,28 +53,10 @@ __all__ = [
     "build_objective",
 ]
 
-METHODS = ("fedavg", "fedlc", "fedntd", "fedvls", "fedvls-paper")
-
 #: Finite stand-in for -inf: a masked logit contributes exp(MASK_VALUE - max) == 0 exactly.
 MASK_VALUE = -1e9
-#: Epsilon added to the prior inside logs (SPEC, FedVLS point 2).
+#: Epsilon added to the prior inside logs (the FedVLS authors' code; docs/methods.md).
 PRIOR_EPS = 1e-9
-
-_DEFAULT_LOGIT_WEIGHT = {"fedvls": 0.005, "fedvls-paper": 1.0}
-_FEDLC_FORMS = ("standard", "paper")
-
-
-@dataclass(frozen=True)
-class ObjectiveParams:
-    lambda_dis: float = 0.1  # FedVLS vacant-class distillation weight
-    logit_weight: float | None = None  # None -> 0.005 for "fedvls", 1.0 for "fedvls-paper"
-    use_dis: bool = True  # ablation switch for L_dis (paper Table 5)
-    use_logit: bool = True  # ablation switch for L_logit
-    fedlc_tau: float = 0.5
-    fedlc_form: str = "standard"  # "standard" | "paper" (denominator over c != y)
-    fedntd_beta: float = 1.0
-    fedntd_tau: float = 1.0
-
 
 def _as_float(x: Tensor) -> Tensor:
     """Upcast half-precision logits; keep float32 / float64 as they are."""
@@ -95,7 +79,7 @@ class Objective:
     needs_teacher: bool = False
     term_names: tuple[str, ...] = ()
 
-    def __init__(self, class_counts: Tensor, params: ObjectiveParams) -> None:
+    def __init__(self, class_counts: Tensor, params: Mapping[str, Any]) -> None:
         counts = torch.as_tensor(class_counts)
         if counts.dim() != 1 or counts.numel() == 0:
             raise ValueError(f"class_counts must be a non-empty 1-D tensor, got shape {tuple(counts.shape)}")
@@ -196,7 +180,7 @@ class FedAvgObjective(Objective):
     name = "fedavg"
     term_names = ("ce",)
 
-    def _compute(self, logits, targets, teacher):
+    def _compute(self, logits: Tensor, targets: Tensor, teacher: Tensor | None) -> dict[str, Tensor]:
         return {"ce": F.cross_entropy(logits, targets)}
 
 
@@ -212,17 +196,15 @@ class FedLCObjective(Objective):
     name = "fedlc"
     term_names = ("ce",)
 
-    def __init__(self, class_counts, params):
+    def __init__(self, class_counts: Tensor, params: Mapping[str, Any]) -> None:
         super().__init__(class_counts, params)
-        if params.fedlc_form not in _FEDLC_FORMS:
-            raise ValueError(f"fedlc_form must be one of {_FEDLC_FORMS}, got {params.fedlc_form!r}")
-        self.form = params.fedlc_form
+        self.form = params["fedlc-form"]
         n = self.class_counts.double().clamp(min=1.0)  # clamp: never 0^(-1/4)
         self.margin = torch.where(
-            self.present, params.fedlc_tau * n.pow(-0.25), torch.zeros_like(n)
+            self.present, params["fedlc-tau"] * n.pow(-0.25), torch.zeros_like(n)
         )  # (C,) float64
 
-    def _compute(self, logits, targets, teacher):
+    def _compute(self, logits: Tensor, targets: Tensor, teacher: Tensor | None) -> dict[str, Tensor]:
         z = torch.where(self.present, logits - self._buf("margin", logits.dtype), MASK_VALUE)
         if self.form == "standard":
             return {"ce": F.cross_entropy(z, targets)}
@@ -238,14 +220,12 @@ class FedNTDObjective(Objective):
     name = "fedntd"
     term_names = ("ce", "ntd")
 
-    def __init__(self, class_counts, params):
+    def __init__(self, class_counts: Tensor, params: Mapping[str, Any]) -> None:
         super().__init__(class_counts, params)
         if self.num_classes < 2:
             raise ValueError("FedNTD needs at least 2 classes")
-        self.beta = float(params.fedntd_beta)
-        self.tau = float(params.fedntd_tau)
-        if self.tau <= 0:
-            raise ValueError("fedntd_tau must be positive")
+        self.beta = float(params["fedntd-beta"])
+        self.tau = float(params["fedntd-tau"])
         # the teacher can change the loss only through the beta-weighted term
         self.needs_teacher = self.beta != 0.0
         self._cols = torch.arange(self.num_classes - 1, device=self.device)  # (C-1,)
@@ -255,14 +235,14 @@ class FedNTDObjective(Objective):
         idx = self._cols[None, :] + (self._cols[None, :] >= targets[:, None]).long()
         return x.gather(1, idx)
 
-    def prepare_teacher(self, teacher_logits, targets):
+    def prepare_teacher(self, teacher_logits: Tensor, targets: Tensor) -> Tensor | None:
         """log softmax(g_{!=y} / tau): the teacher's not-true distribution of each sample."""
         if not self.needs_teacher:
             return None
         g = _as_float(teacher_logits.detach())
         return F.log_softmax(self._not_true(g, targets) / self.tau, dim=1)
 
-    def _compute(self, logits, targets, teacher):
+    def _compute(self, logits: Tensor, targets: Tensor, teacher: Tensor | None) -> dict[str, Tensor]:
         ce = F.cross_entropy(logits, targets)
         if teacher is None:  # beta == 0
             return {"ce": ce, "ntd": logits.new_zeros(())}
@@ -286,14 +266,14 @@ class FedVLSObjective(Objective):
     name = "fedvls"
     term_names = ("cal", "dis", "logit")
     paper = False
+    logit_weight_key = "logit-weight"
 
-    def __init__(self, class_counts, params):
+    def __init__(self, class_counts: Tensor, params: Mapping[str, Any]) -> None:
         super().__init__(class_counts, params)
-        self.lambda_dis = float(params.lambda_dis)
-        lw = params.logit_weight
-        self.logit_weight = float(_DEFAULT_LOGIT_WEIGHT[self.name] if lw is None else lw)
-        self.use_dis = bool(params.use_dis) and self.num_vacant >= 2 and self.lambda_dis != 0.0
-        self.use_logit = bool(params.use_logit) and self.logit_weight != 0.0
+        self.lambda_dis = float(params["lambda-dis"])
+        self.logit_weight = float(params[self.logit_weight_key])
+        self.use_dis = bool(params["use-dis"]) and self.num_vacant >= 2 and self.lambda_dis != 0.0
+        self.use_logit = bool(params["use-logit"]) and self.logit_weight != 0.0
         self.needs_teacher = self.use_dis
         C = self.num_classes
         log_prior_eps = torch.log(self.prior + PRIOR_EPS)  # (C,) float64
@@ -310,7 +290,7 @@ class FedVLSObjective(Objective):
         # sum_c p(c) over the present classes: 1 up to rounding, kept exact for the log(B) term
         self.prior_mass = float(self.logit_prior.sum())
 
-    def prepare_teacher(self, teacher_logits, targets):
+    def prepare_teacher(self, teacher_logits: Tensor, targets: Tensor) -> Tensor | None:
         """Per sample: the teacher's softmax over the vacant classes, q_g (V columns), and
         sum_v q_g log q_g (one column), the part of the KL that the student cannot change."""
         if not self.use_dis:
@@ -320,7 +300,7 @@ class FedVLSObjective(Objective):
         q = log_q.exp()
         return torch.cat([q, (q * log_q).sum(dim=1, keepdim=True)], dim=1)
 
-    def loss_terms(self, logits, targets, teacher=None):
+    def loss_terms(self, logits: Tensor, targets: Tensor, teacher: Tensor | None = None) -> tuple[Tensor, Tensor]:
         return _FusedFedVLS.apply(_as_float(logits), targets, teacher, self)
 
     # -- the three terms: value and gradient w.r.t. the logits, no autograd -------------
@@ -373,8 +353,9 @@ class FedVLSPaperObjective(FedVLSObjective):
 
     name = "fedvls-paper"
     paper = True
+    logit_weight_key = "paper-logit-weight"
 
-    def _logit(self, f, targets, grad):
+    def _logit(self, f: Tensor, targets: Tensor, grad: Tensor) -> Tensor:
         B = f.shape[0]
         f_p = f if self.all_present else f.index_select(1, self.present_idx)  # (B, P)
         is_c = targets[:, None] == self.present_idx[None, :]  # (B, P)
@@ -418,20 +399,26 @@ class _FusedFedVLS(torch.autograd.Function):
         return grad * grad_loss, None, None, None
 
 
-_REGISTRY: dict[str, type[Objective]] = {
-    "fedavg": FedAvgObjective,
-    "fedlc": FedLCObjective,
-    "fedntd": FedNTDObjective,
-    "fedvls": FedVLSObjective,
-    "fedvls-paper": FedVLSPaperObjective,
-}
+def build_objective(method: str, class_counts: Tensor, params: Mapping[str, Any] | None = None) -> Objective:
+    """The local objective of ``method`` for a client with ``class_counts`` (C,).
 
+    ``params``: method settings (kebab-case run-config keys, e.g. from
+    :func:`fedvls_flwr.methods.method_params`); the method's own keys are taken from it
+    (defaults for the missing ones) and checked against their declared rules; other
+    methods' keys are ignored, so one dict can serve every method.
+    """
+    from .methods import get_method, method_settings
 
-def build_objective(
-    method: str, class_counts: Tensor, params: ObjectiveParams = ObjectiveParams()
-) -> Objective:
-    """Build the local objective of ``method`` for a client with ``class_counts`` (C,)."""
-    cls = _REGISTRY.get(method)
-    if cls is None:
-        raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
-    return cls(class_counts, params)
+    spec = get_method(method)
+    known = {s.key for s in method_settings()}
+    unknown = sorted(set(params or {}) - known)
+    if unknown:
+        raise ValueError(f"unknown objective parameter(s) {unknown}; known: {sorted(known)}")
+    values = spec.defaults()
+    for setting in spec.settings:
+        if params is not None and setting.key in params:
+            values[setting.key] = setting.coerce(params[setting.key])
+            setting.validate(values[setting.key])
+    module, _, name = spec.objective.partition(":")
+    cls = getattr(importlib.import_module(module), name)
+    return cls(class_counts, values)

@@ -20,17 +20,22 @@ from flwr.app import ArrayRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from .client import model_name
-from .config import ConfigError, RunConfig
+from .config import ConfigError, RunConfig, model_name
+from .data import DatasetBundle, DatasetNotFoundError, image_format
 from .diagnostics import local_update_view
 from .models import build_model
-from .data import DatasetNotFoundError, image_format
 from .node_data import dataset_for
 from .results import (
-    CONFIG_FILE, RESUMABLE_CHANGES, STATE_FILE, RunWriter, atomic_write_json, holds_run, read_resume_point,
+    CONFIG_FILE,
+    RESUMABLE_CHANGES,
+    STATE_FILE,
+    RunWriter,
+    atomic_write_json,
+    holds_run,
+    read_resume_point,
     summarize,
 )
-from .strategy import FedVLSStrategy, RoundReport, to_array_record, to_numpy_dict
+from .strategy import CheckedFedAvg, RoundReport, to_array_record, to_numpy_dict
 from .training import evaluate, resolve_device
 
 __all__ = ["RESUMABLE_CHANGES", "ResultsWriteError", "run_dir_for", "run_experiment"]
@@ -111,7 +116,7 @@ def run_experiment(grid: Grid, cfg: RunConfig) -> Path:
             atomic_write_json(run_dir / STATE_FILE, {"round": start_round})
     log(INFO, "fedvls: %s on %s (%s), %s evaluation, results in %s",
         cfg.method, cfg.dataset, model_name(cfg), evaluation, run_dir)
-    strategy = FedVLSStrategy(cfg)
+    strategy = CheckedFedAvg(cfg)
 
     def evaluate_global(arrays: ArrayRecord, server_round: int = 0) -> dict:
         if bundle is None:
@@ -207,7 +212,7 @@ def _fmt(value) -> str:
     return "n/a" if value is None else f"{value:.4f}"
 
 
-def server_test_set(cfg: RunConfig):
+def server_test_set(cfg: RunConfig) -> DatasetBundle | None:
     """The run dataset (with its test split) when the server has it, per ``evaluation``."""
     if cfg.evaluation == "federated":
         return None

@@ -17,17 +17,28 @@ from dataclasses import dataclass, field
 from logging import INFO, WARNING
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
-from .aggregation import Reply, average_metrics, check_reply, drift_diversity, weighted_average
+from . import protocol
+from .aggregation import (
+    Reply,
+    average_metrics,
+    check_reply,
+    drift_diversity,
+    weighted_average,
+)
 from .config import RunConfig
-
-ARRAYS_KEY = "arrays"
-CONFIG_KEY = "config"
-METRICS_KEY = "metrics"
 
 #: Seconds between the simulation Grid's checks for replies (Flower's default: 0.1).
 SIMULATION_PULL_INTERVAL = 0.01
@@ -86,17 +97,17 @@ class RoundReport:
 
 def pool_evaluations(replies: list[dict]) -> dict:
     """Sum per-class correct/total counts of the nodes' evaluations (sample-weighted)."""
-    usable = [r for r in replies if r.get("num-examples", 0) > 0 and "total-per-class" in r]
+    usable = [r for r in replies if r.get(protocol.NUM_EXAMPLES, 0) > 0 and protocol.TOTAL_PER_CLASS in r]
     if not usable:
         return {"accuracy": None, "loss": None, "per_class_accuracy": None, "eval_nodes": 0, "eval_examples": 0}
-    correct = np.sum([np.asarray(r["correct-per-class"], dtype=np.float64) for r in usable], axis=0)
-    total = np.sum([np.asarray(r["total-per-class"], dtype=np.float64) for r in usable], axis=0)
+    correct = np.sum([np.asarray(r[protocol.CORRECT_PER_CLASS], dtype=np.float64) for r in usable], axis=0)
+    total = np.sum([np.asarray(r[protocol.TOTAL_PER_CLASS], dtype=np.float64) for r in usable], axis=0)
     n = float(total.sum())
     with np.errstate(invalid="ignore", divide="ignore"):
         per_class = np.where(total > 0, correct / np.maximum(total, 1), np.nan)
     return {
         "accuracy": float(correct.sum() / n),
-        "loss": float(sum(r["loss-sum"] for r in usable) / n),
+        "loss": float(sum(r[protocol.LOSS_SUM] for r in usable) / n),
         "per_class_accuracy": [float(v) for v in per_class],
         "eval_nodes": len(usable),
         "eval_examples": int(n),
@@ -107,8 +118,10 @@ class RoundFailedError(RuntimeError):
     """Too few usable replies in a round, after the configured retries."""
 
 
-class FedVLSStrategy(FedAvg):
-    """Sample-weighted FedAvg aggregation for every local objective (FedVLS included)."""
+class CheckedFedAvg(FedAvg):
+    """FedAvg whose replies are checked: seeded sampling, the whole run config broadcast,
+    every reply checked against the global model, sample-weighted averaging in float64,
+    and a failure policy (retries, min-fit-fraction). Used with every local objective."""
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(
@@ -116,8 +129,8 @@ class FedVLSStrategy(FedAvg):
             fraction_evaluate=0.0,  # the global model is evaluated on the server's test set
             min_train_nodes=1,
             min_available_nodes=cfg.min_nodes,
-            arrayrecord_key=ARRAYS_KEY,
-            configrecord_key=CONFIG_KEY,
+            arrayrecord_key=protocol.ARRAYS,
+            configrecord_key=protocol.CONFIG,
         )
         self.cfg = cfg
         self.report = RoundReport(0)
@@ -132,7 +145,7 @@ class FedVLSStrategy(FedAvg):
         return sorted(rng.sample(nodes, k))
 
     def round_config(self, server_round: int) -> ConfigRecord:
-        return ConfigRecord({**self.cfg.to_flower(), "server-round": server_round})
+        return ConfigRecord({**self.cfg.to_flower(), protocol.SERVER_ROUND: server_round})
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -145,7 +158,7 @@ class FedVLSStrategy(FedAvg):
         self.report.attempts += 1
         self.report.clients = []
         log(INFO, "round %d: training on %d of %d nodes", server_round, len(sampled), len(node_ids))
-        record = RecordDict({ARRAYS_KEY: arrays, CONFIG_KEY: self.round_config(server_round)})
+        record = RecordDict({protocol.ARRAYS: arrays, protocol.CONFIG: self.round_config(server_round)})
         return [
             Message(content=record, message_type=MessageType.TRAIN, dst_node_id=node_id)
             for node_id in sampled
@@ -218,39 +231,42 @@ class FedVLSStrategy(FedAvg):
 
     @staticmethod
     def _client_info(content: RecordDict) -> dict:
-        metrics = content[METRICS_KEY]
+        metrics = content[protocol.METRICS]
         info = {}
-        if "partition-id" in metrics:
-            info["partition_id"] = int(metrics["partition-id"])
-        if "class-counts" in metrics:
-            info["class_counts"] = [int(c) for c in metrics["class-counts"]]
-        if "local-per-class-accuracy" in metrics:
-            info["local_per_class_accuracy"] = [float(a) for a in metrics["local-per-class-accuracy"]]
+        if protocol.PARTITION_ID in metrics:
+            info["partition_id"] = int(metrics[protocol.PARTITION_ID])
+        if protocol.CLASS_COUNTS in metrics:
+            info["class_counts"] = [int(c) for c in metrics[protocol.CLASS_COUNTS]]
+        if protocol.LOCAL_PER_CLASS_ACCURACY in metrics:
+            info["local_per_class_accuracy"] = [float(a) for a in metrics[protocol.LOCAL_PER_CLASS_ACCURACY]]
         return info
 
     @staticmethod
     def _parse(node: str, content: RecordDict) -> tuple[Reply | None, str | None]:
-        if ARRAYS_KEY not in content.array_records or METRICS_KEY not in content.metric_records:
-            return None, f"reply lacks the '{ARRAYS_KEY}' ArrayRecord or the '{METRICS_KEY}' MetricRecord"
-        metrics = dict(content[METRICS_KEY])
-        if "num-examples" not in metrics:
-            return None, "reply metrics lack 'num-examples'"
-        num_examples = float(metrics.pop("num-examples"))
-        metrics.pop("partition-id", None)  # identity, not a quantity to average
+        if protocol.ARRAYS not in content.array_records or protocol.METRICS not in content.metric_records:
+            return None, (f"reply lacks the '{protocol.ARRAYS}' ArrayRecord or the "
+                          f"'{protocol.METRICS}' MetricRecord")
+        metrics = dict(content[protocol.METRICS])
+        if protocol.NUM_EXAMPLES not in metrics:
+            return None, f"reply metrics lack '{protocol.NUM_EXAMPLES}'"
+        num_examples = float(metrics.pop(protocol.NUM_EXAMPLES))
+        for name in protocol.IDENTITY_METRICS:  # identity, not a quantity to average
+            metrics.pop(name, None)
         scalars = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
-        return Reply(node, to_numpy_dict(content[ARRAYS_KEY]), num_examples, scalars), None
+        return Reply(node, to_numpy_dict(content[protocol.ARRAYS]), num_examples, scalars), None
 
     # ---- federated evaluation ------------------------------------------------
     def evaluate_federated(self, grid: Grid, arrays: ArrayRecord, server_round: int) -> dict:
         """The global model on every node's local test split, pooled per class."""
-        record = RecordDict({ARRAYS_KEY: arrays, CONFIG_KEY: self.round_config(server_round)})
+        record = RecordDict({protocol.ARRAYS: arrays, protocol.CONFIG: self.round_config(server_round)})
         messages = [
             Message(content=record, message_type=MessageType.EVALUATE, dst_node_id=node_id)
             for node_id in sorted(self._wait_for_nodes(grid))
         ]
         replies = grid.send_and_receive(messages=messages, timeout=self.cfg.round_timeout)
         return pool_evaluations(
-            [dict(m.content[METRICS_KEY]) for m in replies if not m.has_error() and METRICS_KEY in m.content.metric_records]
+            [dict(m.content[protocol.METRICS]) for m in replies
+             if not m.has_error() and protocol.METRICS in m.content.metric_records]
         )
 
     # ---- the round loop -------------------------------------------------------

@@ -9,7 +9,7 @@ Preset format (see conf/*.yaml)::
 
     name: table1-mnist10k
     description: ...
-    base: {dataset: mnist10k, data-dir: ../shared/data, num-server-rounds: 50}
+    base: {dataset: mnist10k, data-dir: ~/fedvls-data, num-server-rounds: 50}
     grid: {method: [fedavg, fedvls], dirichlet-beta: [0.5, 0.05], seed: [0, 1, 2]}
     variants: [{}, {use-dis: false}]   # optional: each combined with every grid point
     # grid may also be a list of such mappings: the runs are the union of their products

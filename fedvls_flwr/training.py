@@ -25,9 +25,9 @@ from torch import nn
 
 from .augment import make_batch_transform
 from .config import RunConfig
-from .objectives import Objective, ObjectiveParams, build_objective
+from .methods import method_params
+from .objectives import Objective, build_objective
 from .sgd import LocalSGD
-
 
 logger = logging.getLogger(__name__)
 
@@ -47,20 +47,6 @@ def resolve_device(requested: str) -> torch.device:
             )
         return torch.device("cuda")
     return torch.device("cpu")
-
-
-def objective_params(cfg: RunConfig) -> ObjectiveParams:
-    logit_weight = cfg.paper_logit_weight if cfg.method == "fedvls-paper" else cfg.logit_weight
-    return ObjectiveParams(
-        lambda_dis=cfg.lambda_dis,
-        logit_weight=logit_weight,
-        use_dis=cfg.use_dis,
-        use_logit=cfg.use_logit,
-        fedlc_tau=cfg.fedlc_tau,
-        fedlc_form=cfg.fedlc_form,
-        fedntd_beta=cfg.fedntd_beta,
-        fedntd_tau=cfg.fedntd_tau,
-    )
 
 
 def autocast_context(device: torch.device, amp: bool) -> contextlib.AbstractContextManager:
@@ -128,7 +114,7 @@ def train_local(
     x = to_device(x, device)
     y = to_device(y, device)
     counts = torch.bincount(y, minlength=num_classes)
-    objective: Objective = build_objective(cfg.method, counts, objective_params(cfg))
+    objective: Objective = build_objective(cfg.method, counts, method_params(cfg))
     transform = make_batch_transform(mean, std, train=True, augment=augment, generator=generator)
     autocast = autocast_context(device, cfg.amp)
 

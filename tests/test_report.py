@@ -269,7 +269,7 @@ def test_make_report(runs_root: Path, tmp_path: Path):
 def test_diagnostics_table_averages_the_last_rounds_then_the_seeds(tmp_path):
     """Drift diversity and the local-update view: mean over the last LAST_ROUNDS rounds of
     each run (12 rounds here: rounds 1-2 are left out), then over seeds."""
-    from fedvls_flwr.report import LAST_ROUNDS, write_diagnostics
+    from fedvls_flwr.tables import LAST_ROUNDS, write_diagnostics
 
     assert LAST_ROUNDS == 10
     runs_dir = tmp_path / "runs"
@@ -318,3 +318,20 @@ def test_partial_partition_of_a_stopped_run_is_not_drawn_again(tmp_path):
     written = make_report(tmp_path / "runs", tmp_path / "report")
     partitions = sorted(name for name in written if name.startswith("partition"))
     assert partitions == ["partition-mnist10k-dirichlet-0.05-s0", "partition-mnist10k-dirichlet-0.05-s0-2"]
+
+
+def test_a_methods_own_setting_labels_only_that_methods_columns(tmp_path):
+    """cols [method, fedlc-tau]: FedLC's columns carry its tau; FedAvg's column is not
+    labelled with a tau it never used (its config still holds the default)."""
+    from fedvls_flwr.runs import config_value
+
+    root = tmp_path / "runs"
+    _write_run(root / "avg", _config("fedavg", 0, **{"fedlc-tau": 0.5}), 0.9, 0.9)
+    _write_run(root / "lc5", _config("fedlc", 0, **{"fedlc-tau": 0.5}), 0.8, 0.8)
+    _write_run(root / "lc1", _config("fedlc", 0, **{"fedlc-tau": 0.1}), 0.7, 0.7)
+    assert config_value(_config("fedavg", 0, **{"fedlc-tau": 0.5}), "fedlc-tau") is None
+    assert config_value(_config("fedlc", 0, **{"fedlc-tau": 0.5}), "fedlc-tau") == 0.5
+    md = (root / "report" / "results.md")
+    make_report(root, out_dir=root / "report", rows=("dataset",), cols=("method", "fedlc-tau"))
+    header = next(line for line in md.read_text().splitlines() if line.startswith("| dataset"))
+    assert header == "| dataset | FedAvg | FedLC, 0.1 | FedLC, 0.5 |"

@@ -16,14 +16,17 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.app.metadata import Metadata
+from flwr.supercore.task_identity import TaskIdentity
 
 from fedvls_flwr import results
 from fedvls_flwr.check import main as check_main
 from fedvls_flwr.config import ConfigError, RunConfig
+from fedvls_flwr.protocol import ARRAYS as ARRAYS_KEY
+from fedvls_flwr.protocol import CONFIG as CONFIG_KEY
+from fedvls_flwr.protocol import METRICS as METRICS_KEY
+from fedvls_flwr.protocol import NUM_EXAMPLES, SERVER_ROUND, TRAIN_LOSS
 from fedvls_flwr.results import RunFolderError, load_checkpoint, read_rounds
 from fedvls_flwr.server import ResultsWriteError, _resume_point, run_experiment
-from fedvls_flwr.strategy import ARRAYS_KEY, CONFIG_KEY, METRICS_KEY
-from flwr.supercore.task_identity import TaskIdentity
 
 ROUNDS = 4
 
@@ -51,7 +54,7 @@ class TrainingGrid:
         replies = []
         for msg in messages:
             node = msg.metadata.dst_node_id
-            server_round = int(msg.content[CONFIG_KEY]["server-round"])
+            server_round = int(msg.content[CONFIG_KEY][SERVER_ROUND])
             rng = np.random.default_rng([node, server_round])
             arrays = {}
             for key, arr in msg.content[ARRAYS_KEY].items():
@@ -65,7 +68,7 @@ class TrainingGrid:
             )
             content = RecordDict({
                 ARRAYS_KEY: ArrayRecord(arrays),
-                METRICS_KEY: MetricRecord({"num-examples": 10 + node, "train-loss": float(server_round)}),
+                METRICS_KEY: MetricRecord({NUM_EXAMPLES: 10 + node, TRAIN_LOSS: float(server_round)}),
             })
             replies.append(Message(content, metadata=meta))
         return replies

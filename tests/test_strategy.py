@@ -9,7 +9,10 @@ from flwr.app.metadata import Metadata
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedvls_flwr.config import RunConfig
-from fedvls_flwr.strategy import ARRAYS_KEY, CONFIG_KEY, METRICS_KEY, FedVLSStrategy, RoundFailedError, to_numpy_dict
+from fedvls_flwr.protocol import ARRAYS as ARRAYS_KEY
+from fedvls_flwr.protocol import CONFIG as CONFIG_KEY
+from fedvls_flwr.protocol import METRICS as METRICS_KEY
+from fedvls_flwr.strategy import CheckedFedAvg, RoundFailedError, to_numpy_dict
 
 GLOBAL = {"w": np.zeros((2, 2), np.float32), "b": np.zeros(2, np.float32)}
 
@@ -40,7 +43,7 @@ def arrays(value: float) -> dict:
 
 
 def test_weighted_average_over_accepted_replies_malformed_and_nan_rejected():
-    strategy = FedVLSStrategy(RunConfig())
+    strategy = CheckedFedAvg(RunConfig())
     strategy.report.sampled = 5
     replies = [
         reply(1, arrays(1.0), 10, **{"train-loss": 1.0}),
@@ -88,7 +91,7 @@ def test_round_config_carries_round_and_hyperparameters():
     cfg = RunConfig(method="fedntd", lr=0.05, num_server_rounds=2)
     grid = FakeGrid([11, 12], good)
     seen = []
-    FedVLSStrategy(cfg).run(grid, initial(), on_round_end=lambda r, a, rep: seen.append(r))
+    CheckedFedAvg(cfg).run(grid, initial(), on_round_end=lambda r, a, rep: seen.append(r))
     assert seen == [1, 2]
     config = grid.sent[1][0].content[CONFIG_KEY]
     assert config["server-round"] == 2 and config["method"] == "fedntd" and config["lr"] == 0.05
@@ -96,9 +99,9 @@ def test_round_config_carries_round_and_hyperparameters():
 
 def test_seeded_partial_participation():
     nodes = list(range(100, 110))
-    a = FedVLSStrategy(RunConfig(fraction_train=0.3, seed=1))
-    b = FedVLSStrategy(RunConfig(fraction_train=0.3, seed=1))
-    c = FedVLSStrategy(RunConfig(fraction_train=0.3, seed=2))
+    a = CheckedFedAvg(RunConfig(fraction_train=0.3, seed=1))
+    b = CheckedFedAvg(RunConfig(fraction_train=0.3, seed=1))
+    c = CheckedFedAvg(RunConfig(fraction_train=0.3, seed=2))
     assert len(a.sample(nodes, 1)) == 3
     assert a.sample(nodes, 1) == b.sample(nodes, 1) == b.sample(list(reversed(nodes)), 1)
     assert a.sample(nodes, 1) != a.sample(nodes, 2) or a.sample(nodes, 1) != c.sample(nodes, 1)
@@ -110,7 +113,7 @@ def test_failing_client_is_dropped_and_the_round_completes():
 
     reports = []
     cfg = RunConfig(num_server_rounds=1, min_fit_fraction=0.5)
-    final = FedVLSStrategy(cfg).run(FakeGrid([11, 12, 13], respond), initial(), on_round_end=lambda r, a, rep: reports.append(rep))
+    final = CheckedFedAvg(cfg).run(FakeGrid([11, 12, 13], respond), initial(), on_round_end=lambda r, a, rep: reports.append(rep))
     assert reports[0].accepted == 2 and len(reports[0].failed) == 1 and reports[0].attempts == 1
     np.testing.assert_allclose(to_numpy_dict(final)["w"], np.full((2, 2), 12.0))
 
@@ -121,12 +124,12 @@ def test_too_few_replies_retries_then_stops_with_a_clear_error():
 
     reports = []
     cfg = RunConfig(num_server_rounds=1, min_fit_fraction=1.0, round_retries=1)
-    FedVLSStrategy(cfg).run(FakeGrid([11, 12], respond), initial(), on_round_end=lambda r, a, rep: reports.append(rep))
+    CheckedFedAvg(cfg).run(FakeGrid([11, 12], respond), initial(), on_round_end=lambda r, a, rep: reports.append(rep))
     assert reports[0].attempts == 2 and reports[0].accepted == 2 and len(reports[0].failed) == 2
 
     never = FakeGrid([11, 12], lambda n, a: None)
     with pytest.raises(RoundFailedError, match="min-fit-fraction"):
-        FedVLSStrategy(RunConfig(num_server_rounds=1, round_retries=2)).run(never, initial(), on_round_end=lambda *a: None)
+        CheckedFedAvg(RunConfig(num_server_rounds=1, round_retries=2)).run(never, initial(), on_round_end=lambda *a: None)
     assert never.calls == 3
 
 
@@ -142,13 +145,13 @@ def test_min_nodes_is_a_start_condition_not_a_per_round_one():
             grid.nodes.remove(13)  # node 13 vanished
 
     cfg = RunConfig(num_server_rounds=3, min_nodes=3)
-    FedVLSStrategy(cfg).run(grid, initial(), on_round_end=on_round_end)
+    CheckedFedAvg(cfg).run(grid, initial(), on_round_end=on_round_end)
     assert sampled == [3, 2, 2]
 
 
 def test_a_federation_with_no_node_left_stops_after_round_timeout():
     grid = FakeGrid([11], good)
-    strategy = FedVLSStrategy(RunConfig(num_server_rounds=2, min_nodes=1, round_timeout=1.0))
+    strategy = CheckedFedAvg(RunConfig(num_server_rounds=2, min_nodes=1, round_timeout=1.0))
     with pytest.raises(RoundFailedError, match="no node has been connected"):
         strategy.run(grid, initial(), on_round_end=lambda r, a, rep: grid.nodes.clear())
 
@@ -158,7 +161,9 @@ def test_nan_reply_keeps_the_global_model_finite():
         bad = {k: np.full_like(v, np.nan) for k, v in GLOBAL.items()}
         return reply(node, bad if node == 11 else arrays(2.0), 10)
 
-    final = FedVLSStrategy(RunConfig(num_server_rounds=1)).run(FakeGrid([11, 12], respond), initial(), on_round_end=lambda *a: None)
+    final = CheckedFedAvg(RunConfig(num_server_rounds=1)).run(
+        FakeGrid([11, 12], respond), initial(), on_round_end=lambda *a: None
+    )
     assert all(np.isfinite(v).all() for v in to_numpy_dict(final).values())
 
 
@@ -184,11 +189,12 @@ def test_federated_evaluation_pools_per_class_counts():
 
 
 def test_client_evaluate_round_uses_the_local_test_split():
+    # ARRAYS_KEY, CONFIG_KEY: the protocol names imported at the top
+    from flwr.app import ConfigRecord
+
     from fedvls_flwr.client import evaluate_round
     from fedvls_flwr.config import RunConfig
     from fedvls_flwr.models import build_model
-    from fedvls_flwr.strategy import ARRAYS_KEY, CONFIG_KEY
-    from flwr.app import ConfigRecord
 
     cfg = RunConfig(dataset="digits", dirichlet_beta=0.5)
     model = build_model("mlp", (1, 8, 8), 10)
@@ -223,7 +229,7 @@ def test_aggregated_record_round_trips_0d_integer_buffers_across_rounds():
     through the ArrayRecord the strategy broadcasts, is the reference the next round's
     replies are checked against; every reply of every round must be accepted."""
     layout = {"w": np.zeros((2, 2), np.float32), "bn.num_batches_tracked": np.array(0, np.int64)}
-    strategy = FedVLSStrategy(RunConfig())
+    strategy = CheckedFedAvg(RunConfig())
     reference = layout
     for server_round in (1, 2, 3):
         strategy.report.sampled = 2

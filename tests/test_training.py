@@ -7,9 +7,12 @@ import torch
 from torch import nn
 
 from fedvls_flwr import training
-from fedvls_flwr.config import METHODS, RunConfig
+from fedvls_flwr.config import RunConfig
+from fedvls_flwr.methods import method_names, method_params
 from fedvls_flwr.objectives import build_objective
-from fedvls_flwr.training import make_teacher, objective_params, train_local
+from fedvls_flwr.training import make_teacher, train_local
+
+METHODS = method_names()
 
 NUM_CLASSES = 5
 PRESENT = (0, 1, 2)  # classes 3 and 4 are vacant on this client (|O| = 2: L_dis is active)
@@ -42,7 +45,7 @@ def _tiny_convnet(seed=0):
 def _full_loss(model, teacher, x, y, cfg):
     """The configured objective on the whole local set (teacher = the received model)."""
     counts = torch.bincount(y, minlength=NUM_CLASSES)
-    objective = build_objective(cfg.method, counts, objective_params(cfg))
+    objective = build_objective(cfg.method, counts, method_params(cfg))
     with torch.no_grad():
         t_logits = teacher(x) if objective.needs_teacher else None
         loss, _ = objective(model(x), y, t_logits)
