@@ -283,6 +283,13 @@ def run_preset(
         else:
             # resume=true: a run interrupted mid-way continues from its last checkpoint.
             todo.append(({**run_config, "output-dir": str(output_dir), "resume": True}, federation, identity))
+    from .check import check_output_dir
+
+    for run_config, _, _ in todo:  # a run folder that cannot be resumed: said now, not mid-sweep
+        try:
+            check_output_dir(parse_run_config(run_config))
+        except ValueError as err:  # ConfigError, RunFolderError (which file, what to do)
+            raise PresetError(f"preset {preset.path}: run {run_config['run-name']}: {err}") from None
     log(f"[sweep] {preset.name}: {len(preset.runs)} runs, {len(statuses)} already finished, {len(todo)} to run")
     if todo:
         with LocalSuperLink(output_dir / ".flwr-home") as link:

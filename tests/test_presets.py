@@ -116,3 +116,25 @@ def test_sweep_set_takes_several_items_and_yaml_values(capsys):
     assert main([str(CONF / "mnist10k-dir0.05.yaml"), "--dry-run", "--set", "lr=0.05 use-dis=false"]) == 0
     out = capsys.readouterr().out
     assert '"lr": 0.05' in out and '"use-dis": false' in out
+
+
+def test_damaged_run_folder_fails_before_any_superlink(tmp_path, monkeypatch):
+    """A half-finished run the sweep would resume, with a truncated checkpoint: named at
+    once, not after a SuperLink and Ray started and the run failed."""
+    import json
+
+    from fedvls_flwr import sweep
+
+    monkeypatch.setattr(sweep.LocalSuperLink, "start", lambda *a, **k: pytest.fail("a SuperLink was started"))
+    path = tmp_path / "p.yaml"
+    path.write_text("base: {dataset: digits, num-server-rounds: 2}\ngrid: {method: [fedavg]}\n")
+    preset = load_preset(path)
+    out = (tmp_path / "out").resolve()
+    run = {**sweep.split_federation(preset.runs[0])[0], "output-dir": str(out), "resume": True}
+    folder = out / run["run-name"]
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(parse_run_config(run).to_flower()))
+    (folder / "state.json").write_text('{"round": 1}')
+    (folder / "checkpoint.npz").write_bytes(b"PK\x03\x04 torn")
+    with pytest.raises(PresetError, match=f"run {run['run-name']}: resume: {folder / 'checkpoint.npz'} is damaged"):
+        sweep.run_preset(preset, out, report=False)
