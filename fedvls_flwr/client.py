@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from . import protocol
-from .config import model_name, parse_run_config
-from .models import build_model
-from .node_data import dataset_for, node_client_data
-from .training import evaluate, resolve_device, train_local
+from .config import parse_run_config
+from .models import build_run_model
+from .node_data import dataset_for, node_client_data, parse_node_config
+from .training import ClientState, evaluate, resolve_device, train_local
 
 
 def local_test_per_class(cfg, model, device) -> list[float]:
@@ -24,7 +26,33 @@ def local_test_per_class(cfg, model, device) -> list[float]:
     return [float(a) for a in res.per_class_accuracy]
 
 
-def train_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDict:
+def load_client_state(record: RecordDict | None) -> ClientState:
+    """What this client kept from its previous rounds (empty the first time)."""
+    state = ClientState()
+    if record is None:
+        return state
+    if protocol.STATE_PREVIOUS_MODEL in record.array_records:
+        state.previous_model = record[protocol.STATE_PREVIOUS_MODEL].to_torch_state_dict()
+    if protocol.STATE_MOMENTUM in record.array_records:
+        saved = record[protocol.STATE_MOMENTUM]
+        count = int(record[protocol.STATE_MOMENTUM + "-count"]["count"])
+        state.momentum = [torch.from_numpy(saved[str(i)].numpy()) if str(i) in saved else None for i in range(count)]
+    return state
+
+
+def save_client_state(record: RecordDict, state: ClientState) -> None:
+    if state.previous_model is not None:
+        record[protocol.STATE_PREVIOUS_MODEL] = ArrayRecord(state.previous_model)
+    if state.momentum is not None:
+        record[protocol.STATE_MOMENTUM] = ArrayRecord(
+            {str(i): b for i, b in enumerate(state.momentum) if b is not None}
+        )
+        record[protocol.STATE_MOMENTUM + "-count"] = ConfigRecord({"count": len(state.momentum)})
+
+
+def train_round(content: RecordDict, node_config: dict[str, Any], client_state: RecordDict | None = None) -> RecordDict:
+    """One round of local training. ``client_state``: Flower's ``Context.state`` of this
+    node, read and updated for the methods that keep state between rounds."""
     config = dict(content[protocol.CONFIG])
     cfg = parse_run_config(config, strict=False)
     server_round = int(config.get(protocol.SERVER_ROUND, 0))
@@ -34,17 +62,21 @@ def train_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDict:
 
     data = node_client_data(cfg, node_config)
     partition_id = data.partition_id
-    model = build_model(model_name(cfg), tuple(data.x.shape[1:]), data.num_classes)
+    model = build_run_model(cfg, tuple(data.x.shape[1:]), data.num_classes)
     model.load_state_dict(content[protocol.ARRAYS].to_torch_state_dict(), strict=True)
 
     # Batch order depends on (seed, round, partition) only: reproducible on any node.
     seed = int(np.random.SeedSequence([cfg.seed, server_round, partition_id]).generate_state(1)[0])
     generator = torch.Generator().manual_seed(seed)
+    state = load_client_state(client_state)
     result = train_local(
         model, data.x, data.y, data.num_classes, cfg,
         device=device, generator=generator, mean=data.mean, std=data.std,
         augment=cfg.augment,  # no effect on the MNIST-like sets (stored normalised, mean=None)
+        state=state,
     )
+    if client_state is not None:
+        save_client_state(client_state, state)
     metrics = {
         protocol.NUM_EXAMPLES: result.num_examples,
         protocol.TRAIN_LOSS: result.loss,
@@ -56,8 +88,8 @@ def train_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDict:
     if cfg.local_eval:
         # The paper's local-update view: this client's updated model on the test set.
         metrics[protocol.LOCAL_PER_CLASS_ACCURACY] = local_test_per_class(cfg, model, device)
-    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    return RecordDict({protocol.ARRAYS: ArrayRecord(state), protocol.METRICS: MetricRecord(metrics)})
+    weights = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    return RecordDict({protocol.ARRAYS: ArrayRecord(weights), protocol.METRICS: MetricRecord(metrics)})
 
 
 def evaluate_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDict:
@@ -73,7 +105,7 @@ def evaluate_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDi
     metrics: dict[str, Any] = {protocol.NUM_EXAMPLES: 0, protocol.PARTITION_ID: data.partition_id}
     if data.test_x is not None and data.test_y.numel() > 0:
         device = resolve_device(cfg.device)
-        model = build_model(model_name(cfg), tuple(data.x.shape[1:]), data.num_classes)
+        model = build_run_model(cfg, tuple(data.x.shape[1:]), data.num_classes)
         model.load_state_dict(content[protocol.ARRAYS].to_torch_state_dict(), strict=True)
         res = evaluate(
             model, data.test_x, data.test_y, data.num_classes, device=device,
@@ -88,3 +120,36 @@ def evaluate_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDi
             protocol.TOTAL_PER_CLASS: [int(n) for n in total.tolist()],
         })
     return RecordDict({protocol.METRICS: MetricRecord(metrics)})
+
+
+def query_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDict:
+    """Which partition / site this node is (from its node config; no data is loaded), so
+    the server can sample by partition id."""
+    return RecordDict({protocol.METRICS: MetricRecord({protocol.PARTITION_ID: node_identity(node_config)})})
+
+
+def node_identity(node_config: dict[str, Any]) -> int:
+    """The node's partition id (partition form), or its site's id (node-local form)."""
+    return parse_node_config(node_config).partition_id
+
+
+@contextlib.contextmanager
+def naming_the_site(node_config: dict[str, Any]) -> Iterator[None]:
+    """Prefix an error with the node's partition / site, so the server's record of a failed
+    client says which site it was (Flower only knows its random node id)."""
+    try:
+        yield
+    except Exception as err:
+        try:
+            who = f"partition {node_identity(node_config)}"
+        except Exception:  # noqa: BLE001 - the node config itself is what failed
+            raise err from None
+        raise type(err)(f"[{who}] {err}") if _rebuildable(err) else RuntimeError(f"[{who}] {err}") from err
+
+
+def _rebuildable(err: Exception) -> bool:
+    try:
+        type(err)("probe")
+    except Exception:  # noqa: BLE001
+        return False
+    return True

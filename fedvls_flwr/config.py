@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .methods import method_names, method_settings
+from .methods import method_names, method_settings, part_names
 from .settings import ConfigError, Setting, at_least, between, greater, toml_value
 
 __all__ = [
@@ -47,10 +47,11 @@ GENERAL_SETTINGS: tuple[Setting, ...] = (
     Setting("dataset", "digits", "the dataset", choices=DATASETS),
     Setting("data-dir", "~/fedvls-data", "where datasets live (relative paths: against $FEDVLS_BASE_DIR)"),
     Setting("download", False, "let torchvision download MNIST / Fashion-MNIST / CIFAR into data-dir"),
-    Setting("partition", "dirichlet", "label-skew scheme", choices=("dirichlet", "shards", "iid")),
+    Setting("partition", "dirichlet", "label-skew scheme", choices=("dirichlet", "shards", "noniid-labeldir", "iid")),
     Setting("dirichlet-beta", 0.05, "Dirichlet concentration (smaller = stronger skew)",
             **greater(0, "e.g. 0.5, 0.1, 0.05")),
-    Setting("shards-per-client", 2, "shards per client (partition = shards)", **at_least(1)),
+    Setting("shards-per-client", 2, "shards (partition = shards) or classes (noniid-labeldir) per client",
+            **at_least(1)),
     Setting("min-partition-size", 10, "every Dirichlet client holds at least this many samples", **at_least(1)),
     Setting("seed", 0, "partition, model initialisation, client sampling and batch order",
             **at_least(0, "an integer; the partition and sampling draw from it")),
@@ -74,8 +75,16 @@ GENERAL_SETTINGS: tuple[Setting, ...] = (
     Setting("local-epochs", 5, "local epochs per round", **at_least(1)),
     Setting("batch-size", 64, "local batch size", **at_least(1)),
     Setting("lr", 0.01, "local SGD learning rate", **greater(0)),
-    Setting("momentum", 0.9, "local SGD momentum (a fresh optimizer every round)", **between(0, 1, high_open=True)),
+    Setting("momentum", 0.9, "local SGD momentum", **between(0, 1, high_open=True)),
     Setting("weight-decay", 1e-5, "local SGD weight decay", **at_least(0)),
+    Setting("local-optimizer", "sgd", "how a client steps: sgd, or sam (FedSAM's sharpness-aware step)",
+            choices=lambda: part_names("local-optimizer")),
+    # "fresh": a new optimizer every round (the FedVLS code); "carry": the momentum buffer
+    # lives on in the client's state (the authors' FedAvg/FedLC/FedNTD clients).
+    Setting("optimizer-state", "fresh", "local momentum: fresh every round, or carried across rounds",
+            choices=("fresh", "carry"), label={"carry": "(momentum carried)"}),
+    Setting("server-optimizer", "fedavg", "how the average becomes the next global model",
+            choices=lambda: part_names("server-optimizer")),
     Setting("device", "auto", "auto (CUDA when present), cpu or cuda", choices=("auto", "cpu", "cuda")),
     Setting("torch-threads", 1, "torch threads per client process", **at_least(0, "0 keeps torch's default")),
     Setting("eval-batch-size", 1024, "evaluation batch size", **at_least(1)),
@@ -120,6 +129,7 @@ def _default_run_name(self) -> str:
     skew = {
         "dirichlet": f"dir{self.dirichlet_beta:g}",
         "shards": f"shards{self.shards_per_client}",
+        "noniid-labeldir": f"labeldir{self.shards_per_client}",
         "iid": "iid",
     }[self.partition]
     stamp = time.strftime("%Y%m%d-%H%M%S")

@@ -78,6 +78,13 @@ class Objective:
     name: str = ""
     needs_teacher: bool = False
     term_names: tuple[str, ...] = ()
+    #: What the training loop computes with the frozen teacher for prepare_teacher:
+    #: "logits" of the received global model, or "projections" (MOON: the projections of
+    #: the global model and of this client's previous local model, side by side).
+    teacher_output: str = "logits"
+    #: What loss_terms needs of the model besides its logits: None, "penultimate" (the
+    #: classifier's input) or "projection" (MOON's projection head output).
+    features: str | None = None
 
     def __init__(self, class_counts: Tensor, params: Mapping[str, Any]) -> None:
         counts = torch.as_tensor(class_counts)
@@ -127,11 +134,32 @@ class Objective:
         """
         return None
 
-    def loss_terms(self, logits: Tensor, targets: Tensor, teacher: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    @property
+    def teacher_mode(self) -> str:
+        """Mode the frozen teacher runs in ("eval" or "train")."""
+        return str(self.params.get("teacher-mode", "eval"))
+
+    def bind_global(self, model: torch.nn.Module) -> None:
+        """Called once per round before training, while ``model`` holds the received global
+        weights (FedProx keeps a copy of them)."""
+
+    def after_backward(self, params: list[torch.nn.Parameter]) -> Tensor | None:
+        """Called after every backward pass: a term that acts on the weights rather than the
+        logits adds its gradient to ``params``' gradients here and returns its value as a
+        detached (K,) tensor (zeros elsewhere) to add to the step's terms; None otherwise."""
+        return None
+
+    def loss_terms(
+        self, logits: Tensor, targets: Tensor, teacher: Tensor | None = None, features: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         """The hot path: ``(loss, terms)``, ``terms`` a detached (K,) tensor in
-        ``term_names`` order. ``teacher``: rows of :meth:`prepare_teacher` for this batch.
+        ``term_names`` order. ``teacher``: rows of :meth:`prepare_teacher` for this batch;
+        ``features``: what :attr:`features` names, for this batch.
         No input validation (see :meth:`__call__`)."""
-        terms = self._compute(_as_float(logits), targets, teacher)
+        if features is None:
+            terms = self._compute(_as_float(logits), targets, teacher)
+        else:
+            terms = self._compute(_as_float(logits), targets, teacher, features=features)
         values = list(terms.values())
         loss = values[0]
         for t in values[1:]:
@@ -141,9 +169,10 @@ class Objective:
         return loss, torch.stack([t.detach() for t in values])
 
     def __call__(
-        self, logits: Tensor, targets: Tensor, teacher_logits: Tensor | None = None
+        self, logits: Tensor, targets: Tensor, teacher_logits: Tensor | None = None, features: Tensor | None = None
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        """Checked entry point: the loss and a dict of its terms, from raw teacher logits."""
+        """Checked entry point: the loss and a dict of its terms, from the raw teacher output
+        (logits, or MOON's projections)."""
         if logits.dim() != 2 or logits.shape[1] != self.num_classes:
             raise ValueError(
                 f"logits must have shape (B, {self.num_classes}), got {tuple(logits.shape)}"
@@ -156,12 +185,14 @@ class Objective:
         if self.needs_teacher:
             if teacher_logits is None:
                 raise ValueError(f"objective {self.name!r} needs teacher_logits")
-            if teacher_logits.shape != logits.shape:
+            if self.teacher_output == "logits" and teacher_logits.shape != logits.shape:
                 raise ValueError(
                     f"teacher_logits must have shape {tuple(logits.shape)}, got {tuple(teacher_logits.shape)}"
                 )
             teacher = self.prepare_teacher(teacher_logits, targets)
-        loss, terms = self.loss_terms(logits, targets, teacher)
+        if self.features is not None and features is None:
+            raise ValueError(f"objective {self.name!r} needs the model's {self.features} features")
+        loss, terms = self.loss_terms(logits, targets, teacher, features)
         return loss, dict(zip(self.term_names, terms.unbind()))
 
     def _compute(self, logits: Tensor, targets: Tensor, teacher: Tensor | None) -> dict[str, Tensor]:
@@ -300,7 +331,9 @@ class FedVLSObjective(Objective):
         q = log_q.exp()
         return torch.cat([q, (q * log_q).sum(dim=1, keepdim=True)], dim=1)
 
-    def loss_terms(self, logits: Tensor, targets: Tensor, teacher: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def loss_terms(
+        self, logits: Tensor, targets: Tensor, teacher: Tensor | None = None, features: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         return _FusedFedVLS.apply(_as_float(logits), targets, teacher, self)
 
     # -- the three terms: value and gradient w.r.t. the logits, no autograd -------------
@@ -367,6 +400,181 @@ class FedVLSPaperObjective(FedVLSObjective):
         return value
 
 
+class FedProxObjective(Objective):
+    """CE + (mu/2) ||w - w_global||^2 over the trainable parameters (Li et al., MLSys 2020).
+
+    The proximal term acts on the weights, not the logits: its gradient mu (w - w_global)
+    is added to the parameters' gradients after every backward pass (the same gradient as
+    adding the term to the loss, as the PyTorch implementations do), and its value is
+    reported as the term ``prox``.
+    """
+
+    name = "fedprox"
+    term_names = ("ce", "prox")
+
+    def __init__(self, class_counts: Tensor, params: Mapping[str, Any]) -> None:
+        super().__init__(class_counts, params)
+        self.mu = float(params["fedprox-mu"])
+        self.anchor: list[Tensor] = []
+
+    def bind_global(self, model: torch.nn.Module) -> None:
+        self.anchor = [p.detach().clone() for p in model.parameters() if p.requires_grad]
+
+    def after_backward(self, params: list[torch.nn.Parameter]) -> Tensor | None:
+        if not self.anchor:
+            raise RuntimeError("FedProxObjective.bind_global(model) must be called before training")
+        with torch.no_grad():
+            diff = torch._foreach_sub([p.detach() for p in params], self.anchor)
+            value = 0.5 * self.mu * torch.stack(torch._foreach_norm(diff)).square().sum()
+            if self.mu != 0.0:
+                grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+                torch._foreach_add_(grads, diff, alpha=self.mu)
+                for p, g in zip(params, grads):
+                    p.grad = g
+        return torch.stack([value.new_zeros(()), value])
+
+    def _compute(self, logits: Tensor, targets: Tensor, teacher: Tensor | None) -> dict[str, Tensor]:
+        return {"ce": F.cross_entropy(logits, targets), "prox": logits.new_zeros(())}
+
+
+class FedRSObjective(Objective):
+    """Restricted softmax (Li & Zhan, KDD 2021): CE on the logits with those of the classes
+    the client does not hold scaled by alpha in (0, 1] (``fedrs-form = "binary"``, the form
+    of the FedVLS and FedDecorr baselines), or every class c scaled by
+    alpha + (1 - alpha) n_c / max_k n_k (``"proportional"``, the FedRS authors' code)."""
+
+    name = "fedrs"
+    term_names = ("ce",)
+
+    def __init__(self, class_counts: Tensor, params: Mapping[str, Any]) -> None:
+        super().__init__(class_counts, params)
+        alpha = float(params["fedrs-alpha"])
+        counts = self.class_counts.double()
+        if params["fedrs-form"] == "binary":
+            self.scale = torch.where(self.present, counts.new_ones(()), counts.new_full((), alpha))
+        else:
+            self.scale = alpha + (1 - alpha) * counts / counts.max()
+
+    def _compute(self, logits: Tensor, targets: Tensor, teacher: Tensor | None) -> dict[str, Tensor]:
+        return {"ce": F.cross_entropy(logits * self._buf("scale", logits.dtype), targets)}
+
+
+class MOONObjective(Objective):
+    """CE + mu * l_con (Li, He, Song, CVPR 2021), on the projection z of the local model:
+
+        l_con = -log( e^{sim(z, z_g)/tau} / (e^{sim(z, z_g)/tau} + e^{sim(z, z_prev)/tau}) ),
+
+    sim the cosine similarity, z_g the projection of the received global model (the
+    positive), z_prev that of this client's model after its previous local training (the
+    negative); both frozen, in eval mode. A client training for the first time has no
+    previous model: the term is 0 then, as in the MOON authors' code (its pool of previous
+    models is empty in the first round).
+    """
+
+    name = "moon"
+    term_names = ("ce", "con")
+    teacher_output = "projections"
+    features = "projection"
+
+    def __init__(self, class_counts: Tensor, params: Mapping[str, Any]) -> None:
+        super().__init__(class_counts, params)
+        self.mu = float(params["moon-mu"])
+        self.tau = float(params["moon-tau"])
+        self.needs_teacher = self.mu != 0.0
+
+    @property
+    def teacher_mode(self) -> str:
+        return "eval"
+
+    def prepare_teacher(self, teacher_logits: Tensor, targets: Tensor) -> Tensor | None:
+        """Unit-length z_g (and z_prev when there is a previous model), side by side."""
+        if not self.needs_teacher:
+            return None
+        z = _as_float(teacher_logits.detach())
+        halves = z.chunk(2, dim=1) if self.has_previous(z) else (z,)
+        return torch.cat([F.normalize(h, dim=1) for h in halves], dim=1)
+
+    def has_previous(self, teacher: Tensor) -> bool:
+        return teacher.shape[1] == 2 * int(self.params["moon-projection-dim"])
+
+    def _compute(self, logits: Tensor, targets: Tensor, teacher: Tensor | None, *, features: Tensor) -> dict[str, Tensor]:
+        ce = F.cross_entropy(logits, targets)
+        if teacher is None or not self.has_previous(teacher):
+            return {"ce": ce, "con": logits.new_zeros(())}
+        z = F.normalize(_as_float(features), dim=1)
+        z_g, z_prev = teacher.to(z.dtype).chunk(2, dim=1)
+        sims = torch.stack([(z * z_g).sum(dim=1), (z * z_prev).sum(dim=1)], dim=1) / self.tau
+        con = F.cross_entropy(sims, torch.zeros_like(targets))
+        return {"ce": ce, "con": self.mu * con}
+
+
+class FedLMDObjective(Objective):
+    """Label-masking distillation (Lu et al., ACM MM 2023; the authors' ``LMD_Loss``):
+
+        L = CE(f, y) + beta * T^2 * KL( softmax(g/T - 1000 [major] - 1000 [y]) || softmax(f/T - 1000 [y]) ),
+
+    batch mean, g the frozen global model's logits. The "major" classes are those the
+    client holds more samples of than its mean count over all C classes (zeros included),
+    so the teacher distils only the client's minority and absent classes; the label is
+    masked on both sides. The mask is the authors' additive -1000.
+    """
+
+    name = "fedlmd"
+    term_names = ("ce", "lmd")
+    MASK = 1000.0
+
+    def __init__(self, class_counts: Tensor, params: Mapping[str, Any]) -> None:
+        super().__init__(class_counts, params)
+        self.beta = float(params["fedlmd-beta"])
+        self.tau = float(params["fedlmd-tau"])
+        counts = self.class_counts.double()
+        self.major = (counts > counts.mean()).double() * self.MASK  # (C,)
+        self.needs_teacher = self.beta != 0.0
+
+    def prepare_teacher(self, teacher_logits: Tensor, targets: Tensor) -> Tensor | None:
+        """log softmax(g/T - 1000 [major] - 1000 [y]) per sample."""
+        if not self.needs_teacher:
+            return None
+        g = _as_float(teacher_logits.detach())
+        masked = g / self.tau - self._buf("major", g.dtype) - self.MASK * F.one_hot(targets, self.num_classes).to(g.dtype)
+        return F.log_softmax(masked, dim=1)
+
+    def _compute(self, logits: Tensor, targets: Tensor, teacher: Tensor | None) -> dict[str, Tensor]:
+        ce = F.cross_entropy(logits, targets)
+        if teacher is None:
+            return {"ce": ce, "lmd": logits.new_zeros(())}
+        gt = self.MASK * F.one_hot(targets, self.num_classes).to(logits.dtype)
+        log_s = F.log_softmax(logits / self.tau - gt, dim=1)
+        kl = _kl_log(teacher.to(logits.dtype), log_s)
+        return {"ce": ce, "lmd": (self.beta * self.tau**2) * kl}
+
+
+class FedDecorrObjective(Objective):
+    """CE + beta * L_decorr on the penultimate representation h (B, d) (Shi et al., ICLR
+    2023; the authors' ``FedDecorrLoss``): h standardised per dimension over the batch
+    (unbiased variance + 1e-8), K = h^T h, L_decorr = mean of K_ij^2 over i != j, divided
+    by B. Zero for a batch of one sample."""
+
+    name = "feddecorr"
+    term_names = ("ce", "decorr")
+    features = "penultimate"
+
+    def __init__(self, class_counts: Tensor, params: Mapping[str, Any]) -> None:
+        super().__init__(class_counts, params)
+        self.beta = float(params["feddecorr-beta"])
+
+    def _compute(self, logits: Tensor, targets: Tensor, teacher: Tensor | None, *, features: Tensor) -> dict[str, Tensor]:
+        ce = F.cross_entropy(logits, targets)
+        h = _as_float(features)
+        n, d = h.shape
+        if n <= 1 or d <= 1:
+            return {"ce": ce, "decorr": logits.new_zeros(())}
+        h = (h - h.mean(dim=0)) / torch.sqrt(h.var(dim=0) + 1e-8)
+        k = h.T @ h
+        off = k.square().sum() - k.diagonal().square().sum()
+        return {"ce": ce, "decorr": self.beta * off / (d * (d - 1)) / n}
+
+
 def _logsumexp_softmax_dim0(z: Tensor) -> tuple[Tensor, Tensor]:
     """(logsumexp over dim 0, softmax over dim 0) of ``z`` (B, P), sharing the work."""
     top = z.amax(dim=0)
@@ -419,6 +627,6 @@ def build_objective(method: str, class_counts: Tensor, params: Mapping[str, Any]
         if params is not None and setting.key in params:
             values[setting.key] = setting.coerce(params[setting.key])
             setting.validate(values[setting.key])
-    module, _, name = spec.objective.partition(":")
+    module, _, name = spec.impl.partition(":")
     cls = getattr(importlib.import_module(module), name)
     return cls(class_counts, values)

@@ -85,6 +85,8 @@ def _common_title(runs: Sequence[RunRecord]) -> str:
         parts.append(f"Dirichlet β={_fmt_value(shared('dirichlet-beta'))}")
     elif partition == "shards" and shared("shards-per-client") is not None:
         parts.append(f"shards s={_fmt_value(shared('shards-per-client'))}")
+    elif partition == "noniid-labeldir" and shared("shards-per-client") is not None:
+        parts.append(f"noniid-labeldir s={_fmt_value(shared('shards-per-client'))}")
     elif partition is not None:
         parts.append(str(partition))
     return " · ".join(parts)
@@ -96,6 +98,37 @@ def _message_plot(out_path: str | Path, title: str, message: str) -> Path:
     ax.set_axis_off()
     ax.set_title(title)
     ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes, fontsize=11)
+    return _save(fig, out_path)
+
+
+def plot_gaps(gaps: Sequence, x_key: str, out_path: str | Path, title: str | None = None) -> Path:
+    """Each difference (one line per minuend - subtrahend pair) against the numeric row
+    value ``x_key`` (e.g. train-pool-size, log scale): mean with a min..max bar over
+    seeds and every seed's difference as a dot."""
+    pairs: dict[str, list] = {}
+    for g in gaps:
+        pairs.setdefault(f"{g.minuend} − {g.subtrahend}", []).append(g)
+    fig = _figure(7.0, 4.4)
+    ax = fig.add_subplot()
+    colours = iter(_PALETTE)
+    for label, items in pairs.items():
+        items = sorted(items, key=lambda g: g.row[-1])
+        xs = np.array([float(g.row[-1]) for g in items])
+        colour = next(colours)
+        means = np.array([g.mean for g in items])
+        lo = means - np.array([min(g.values) for g in items])
+        hi = np.array([max(g.values) for g in items]) - means
+        ax.errorbar(xs, means, yerr=[lo, hi], fmt="-o", color=colour, capsize=3, lw=1.6, label=f"{label} (mean, min–max)")
+        for g in items:
+            ax.plot([float(g.row[-1])] * len(g.values), g.values, ".", color=colour, alpha=0.45)
+    ax.axhline(0.0, color="black", lw=0.8)
+    if all(float(g.row[-1]) > 0 for g in gaps):
+        ax.set_xscale("log")
+    ax.set_xlabel(x_key)
+    ax.set_ylabel("difference in best test accuracy (points)")
+    ax.set_title(title or f"Paired difference against {x_key}", fontsize=11)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
     return _save(fig, out_path)
 
 

@@ -33,3 +33,7 @@ TOTAL_PER_CLASS = "total-per-class"
 
 #: Reply metrics that describe the client rather than measure its training; they are not averaged.
 IDENTITY_METRICS = (PARTITION_ID,)
+
+# a client's Context.state between rounds (methods that keep state; optimizer-state = carry)
+STATE_PREVIOUS_MODEL = "fedvls-previous-model"  # ArrayRecord: the model after the last local training
+STATE_MOMENTUM = "fedvls-momentum"  # ArrayRecord: momentum buffer i under key str(i)

@@ -26,6 +26,7 @@ from .plots import (
     _client_rows,
     _common_title,
     plot_accuracy,
+    plot_gaps,
     plot_partition,
     plot_per_class,
 )
@@ -38,7 +39,7 @@ from .runs import (
     load_runs,
     method_label,
 )
-from .tables import table, write_diagnostics, write_table
+from .tables import paired_gaps, table, write_diagnostics, write_gaps, write_table
 
 __all__ = [
     "make_report", "main", "load_run", "load_runs", "method_label", "table", "write_table",
@@ -66,8 +67,11 @@ def make_report(
     out_dir: str | Path | None = None,
     rows: Sequence[str] = ("dataset", "partition", "dirichlet-beta"),
     cols: Sequence[str] = ("method",),
+    include_incomplete: bool = False,
+    gaps: Sequence[tuple[str, str]] = (),
 ) -> dict[str, Path]:
-    """Load every finished run under root; write the table and every plot with data.
+    """Load every finished run under root; write the table and every plot with data
+    (failed or stopped runs out of the table's means unless ``include_incomplete``).
 
     Output (default ``<root>/report``): results.md/.csv; per table row (dataset x
     partition ...): ``accuracy-<row>.png`` and ``per-class-<row>.png``; one
@@ -80,10 +84,14 @@ def make_report(
         out_dir = Path(root) / "report"
     out_dir = Path(out_dir)
     written: dict[str, Path] = {}
-    report_table = table(runs, rows=rows, cols=cols)
+    report_table = table(runs, rows=rows, cols=cols, include_incomplete=include_incomplete)
     written["table_md"], written["table_csv"] = write_table(report_table, out_dir)
     if (diag := write_diagnostics(report_table, runs, out_dir)) is not None:
         written["diagnostics_md"], written["diagnostics_csv"] = diag
+    if gaps and (found := paired_gaps(report_table, gaps)):
+        written["gaps_md"], written["gaps_csv"] = write_gaps(report_table, found, out_dir)
+        if all(isinstance(g.row[-1], (int, float)) for g in found):
+            written["gaps_plot"] = plot_gaps(found, report_table.row_keys[-1], out_dir / "gaps.png")
     by_row: dict[tuple, list[RunRecord]] = {}
     for run in runs:
         by_row.setdefault(tuple(config_value(run.config, k) for k in rows), []).append(run)
@@ -121,11 +129,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="output folder (default: ROOT/report)")
     parser.add_argument("--rows", default="dataset,partition,dirichlet-beta", help="config keys for rows")
     parser.add_argument("--cols", default="method", help="config keys for columns")
+    parser.add_argument("--gap", action="append", default=[], metavar="A:B",
+                        help="also tabulate column A minus column B, seed by seed (labels as in the table, "
+                             "e.g. 'FedVLS:FedAvg'); plotted against the last row key when it is numeric")
+    parser.add_argument("--include-incomplete", action="store_true",
+                        help="average failed and stopped runs into the means too (they are left out by default)")
     args = parser.parse_args(argv)
     root = args.root[0] if len(args.root) == 1 else args.root
     written = make_report(
         root, args.out,
         rows=tuple(k for k in args.rows.split(",") if k), cols=tuple(k for k in args.cols.split(",") if k),
+        include_incomplete=args.include_incomplete,
+        gaps=[tuple(g.split(":", 1)) for g in args.gap],
     )
     for name, path in written.items():
         print(f"{name}: {path}")

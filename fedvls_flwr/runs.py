@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .methods import get_method, method_names, method_settings, owners
+from .methods import KINDS, combination_label, method_names, method_settings, owners
 from .results import CLIENTS_FILE, ROUNDS_FILE, SUMMARY_FILE
 from .settings import ConfigError
 
@@ -94,6 +94,29 @@ class RunRecord:
                 return None
             value = _num(max(trained, key=_round_of)["accuracy"])
         return value * self.scale
+
+    def incomplete(self) -> str | None:
+        """Why the run is not a complete run ("failed in round 3", "stopped after round 7 of
+        50"), or None for a run that completed every round it was asked for."""
+        trained = [_round_of(r) for r in self.rounds if _round_of(r) >= 1]
+        last = max(trained, default=0)
+        asked = self.config.get("num-server-rounds")
+        if self.summary.get("status") == "failed":
+            return f"failed in round {last + 1}"
+        if isinstance(asked, int) and last < asked:
+            return f"stopped after round {last} of {asked}"
+        return None
+
+    def dropped_share(self) -> float:
+        """Mean over rounds of the share of client updates that were not used (the client
+        failed, sent nothing, or its reply was rejected, e.g. non-finite weights)."""
+        shares = []
+        for r in self.rounds:
+            dropped = _num(r.get("clients_failed", 0)) + _num(r.get("clients_rejected", 0))
+            used = _num(r.get("clients_accepted"))
+            if _round_of(r) >= 1 and math.isfinite(used) and math.isfinite(dropped) and used + dropped > 0:
+                shares.append(dropped / (used + dropped))
+        return float(np.mean(shares)) if shares else 0.0
 
     def accuracy_curve(self) -> tuple[np.ndarray, np.ndarray]:
         """(rounds, accuracy in %) over all evaluated rounds, round 0 included, sorted."""
@@ -166,7 +189,10 @@ def load_run(run_dir: str | Path) -> RunRecord:
             clients = loaded if isinstance(loaded, dict) else None
         except json.JSONDecodeError:
             clients = None
-    return RunRecord(path=run_dir, config=dict(config), summary=summary, rounds=rounds, clients=clients)
+    config = dict(config)
+    if config.get("train-pool-size") == 0 and isinstance(summary.get("num_train_pool"), int):
+        config["train-pool-size"] = summary["num_train_pool"]  # 0 = the whole pool: say how large it was
+    return RunRecord(path=run_dir, config=config, summary=summary, rounds=rounds, clients=clients)
 
 
 def load_runs(root_or_dirs: str | Path | Iterable[str | Path]) -> list[RunRecord]:
@@ -211,29 +237,40 @@ def _typed(config: dict[str, Any], keys: Iterable[str]) -> dict[str, Any]:
 
 
 def method_label(config: dict[str, Any]) -> str:
-    """Human-readable method name, with the ablation / variant it ran as.
+    """Human-readable name of the run's parts, with the variant each ran as.
 
-    The registry's label plus the label of every method setting whose value has one:
-    ``fedvls`` with ``use-dis = false`` -> "FedVLS −L_dis"; both terms off -> "FedVLS
+    The registry's labels, naming the local optimizer and server optimizer only where
+    they differ from plain SGD and FedAvg, plus the label of every setting whose value has
+    one: ``fedvls`` with ``use-dis = false`` -> "FedVLS −L_dis"; both terms off -> "FedVLS
     −L_dis −L_logit" (calibrated CE alone, Table 5's first row); FedLC with ``fedlc-form =
-    paper`` -> "FedLC (paper form)"; a teacher in train mode is marked too.
+    paper`` -> "FedLC (paper form)"; FedVLS with FedSAM steps and FedExP -> "FedVLS + FedSAM
+    + FedExP"; a teacher in train mode or carried momentum is marked too.
     """
     method = config.get("method")
     if method is None:
         return "unknown method"
     if method not in method_names():
         return str(method)
-    spec = get_method(method)
-    return spec.variant_label(_typed(config, (s.key for s in spec.settings)))
+    try:
+        label = combination_label(_typed(config, config.keys()))
+    except ValueError:  # an unknown optimizer name (a run of another version)
+        return str(method)
+    if _typed(config, ["optimizer-state"]).get("optimizer-state") == "carry":
+        label += " (momentum carried)"
+    return label
 
 
 def _method_sort_key(config: dict[str, Any]) -> tuple:
-    method = str(config.get("method"))
-    names = method_names()
-    if method not in names:
-        return (len(names), method)
-    spec = get_method(method)
-    return (names.index(method), method, *spec.variant_flags(_typed(config, (s.key for s in spec.settings))))
+    """Registry order of each part (method, local optimizer, server optimizer), then its variants."""
+    typed = _typed(config, config.keys())
+    key: list[Any] = []
+    for kind, (parts, default) in KINDS.items():
+        names = [p.name for p in parts]
+        name = str(typed.get(kind, default))
+        if name not in names:
+            return (len(method_names()), str(config.get("method")))
+        key += [names.index(name), *parts[names.index(name)].variant_flags(typed)]
+    return (*key, typed.get("optimizer-state") == "carry")
 
 
 def config_value(config: dict[str, Any], key: str) -> Any:
@@ -247,8 +284,10 @@ def config_value(config: dict[str, Any], key: str) -> Any:
     """
     if key in ("method", "label"):
         return method_label(config)
-    if (readers := owners(key)) and config.get("method") not in readers:
-        return None  # another method's setting: not a property of this run
+    if (readers := owners(key)) and not any(
+        str(config.get(kind, KINDS[kind][1])) == name for kind, name in readers
+    ):
+        return None  # another part's setting: not a property of this run
     synthetic = config.get("dataset") == "synthetic"
     if key.startswith("synthetic-") and not synthetic:
         return None
@@ -258,7 +297,7 @@ def config_value(config: dict[str, Any], key: str) -> Any:
         return partition
     if key == "dirichlet-beta" and partition is not None and partition != "dirichlet":
         return None
-    if key == "shards-per-client" and partition is not None and partition != "shards":
+    if key == "shards-per-client" and partition is not None and partition not in ("shards", "noniid-labeldir"):
         return None
     return config.get(key)
 

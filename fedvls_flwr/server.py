@@ -23,7 +23,7 @@ from flwr.serverapp import Grid
 from .config import ConfigError, RunConfig, model_name
 from .data import DatasetBundle, DatasetNotFoundError, image_format
 from .diagnostics import local_update_view
-from .models import build_model
+from .models import build_run_model
 from .node_data import dataset_for
 from .results import (
     CONFIG_FILE,
@@ -38,7 +38,10 @@ from .results import (
 from .strategy import CheckedFedAvg, RoundReport, to_array_record, to_numpy_dict
 from .training import evaluate, resolve_device
 
-__all__ = ["RESUMABLE_CHANGES", "ResultsWriteError", "run_dir_for", "run_experiment"]
+__all__ = ["RESUMABLE_CHANGES", "SERVER_STATE_PREFIX", "ResultsWriteError", "run_dir_for", "run_experiment"]
+
+#: Checkpoint arrays under this prefix are the server optimizer's state, not the model's.
+SERVER_STATE_PREFIX = "server-optimizer/"
 
 
 class ResultsWriteError(RuntimeError):
@@ -107,7 +110,7 @@ def run_experiment(grid: Grid, cfg: RunConfig) -> Path:
         input_shape, num_classes = tuple(fmt.shape), fmt.num_classes
     device = resolve_device("cpu" if cfg.device == "cpu" else "auto")
     torch.manual_seed(cfg.seed)
-    model = build_model(model_name(cfg), input_shape, num_classes)
+    model = build_run_model(cfg, input_shape, num_classes)
     with results_written():
         writer = RunWriter(run_dir)
         writer.rounds = saved_rounds
@@ -117,8 +120,15 @@ def run_experiment(grid: Grid, cfg: RunConfig) -> Path:
     log(INFO, "fedvls: %s on %s (%s), %s evaluation, results in %s",
         cfg.method, cfg.dataset, model_name(cfg), evaluation, run_dir)
     strategy = CheckedFedAvg(cfg)
+    if saved_arrays is not None:
+        strategy.server_optimizer.load_state(
+            {k[len(SERVER_STATE_PREFIX):]: v for k, v in saved_arrays.items() if k.startswith(SERVER_STATE_PREFIX)}
+        )
+        saved_arrays = {k: v for k, v in saved_arrays.items() if not k.startswith(SERVER_STATE_PREFIX)}
 
     def evaluate_global(arrays: ArrayRecord, server_round: int = 0) -> dict:
+        # the model whose accuracy a round reports (FedExP may average the last two)
+        arrays = to_array_record(strategy.server_optimizer.evaluation_arrays(to_numpy_dict(arrays)))
         if bundle is None:
             return {**strategy.evaluate_federated(grid, arrays, server_round), "evaluation": "federated"}
         model.load_state_dict(arrays.to_torch_state_dict())
@@ -148,7 +158,11 @@ def run_experiment(grid: Grid, cfg: RunConfig) -> Path:
             **metrics,
             "train": report.train_metrics,
             "drift_diversity": report.drift_diversity,
+            **({} if report.server_step_size is None else {"server_step_size": report.server_step_size}),
             "clients_sampled": report.sampled,
+            "sampled_partitions": sorted(
+                (strategy.partitions.get(n) for n in report.sampled_nodes), key=lambda p: (p is None, p or 0)
+            ),
             "clients_accepted": report.accepted,
             "clients_failed": len(report.failed),
             "clients_rejected": len(report.rejected),
@@ -165,9 +179,10 @@ def run_experiment(grid: Grid, cfg: RunConfig) -> Path:
         # rounds.jsonl first, then the checkpoint (which records its round), then the state
         # that points at both: a kill or a full disk between two writes leaves a checkpoint
         # whose round rounds.jsonl holds (read_resume_point sorts out a stale state.json).
+        server_state = {SERVER_STATE_PREFIX + k: v for k, v in strategy.server_optimizer.state().items()}
         with results_written():
             writer.append_round(record)
-            writer.save_checkpoint(to_numpy_dict(arrays), server_round)
+            writer.save_checkpoint({**to_numpy_dict(arrays), **server_state}, server_round)
             atomic_write_json(run_dir / STATE_FILE, {"round": server_round})
         saved_round = server_round
         log(

@@ -39,6 +39,8 @@ from .aggregation import (
     weighted_average,
 )
 from .config import RunConfig
+from .methods import part_params
+from .server_optim import build_server_optimizer
 
 #: Seconds between the simulation Grid's checks for replies (Flower's default: 0.1).
 SIMULATION_PULL_INTERVAL = 0.01
@@ -84,6 +86,7 @@ class RoundReport:
 
     server_round: int
     sampled: int = 0
+    sampled_nodes: list[int] = field(default_factory=list)
     accepted: int = 0
     failed: list[dict] = field(default_factory=list)    # client raised / no reply
     rejected: list[dict] = field(default_factory=list)  # reply failed the checks
@@ -91,6 +94,7 @@ class RoundReport:
     clients: list[dict] = field(default_factory=list)   # per accepted client: partition, class counts
     num_examples: float = 0.0
     drift_diversity: float = float("nan")
+    server_step_size: float | None = None  # FedExP's eta_g of the round
     attempts: int = 0
     seconds: float = 0.0
 
@@ -133,16 +137,43 @@ class CheckedFedAvg(FedAvg):
             configrecord_key=protocol.CONFIG,
         )
         self.cfg = cfg
+        self.server_optimizer = build_server_optimizer(cfg.server_optimizer, part_params(cfg, "server-optimizer"))
         self.report = RoundReport(0)
         self._federation_assembled = False  # min-nodes were connected once (see _wait_for_nodes)
+        self.partitions: dict[int, int] = {}  # node id -> partition id (queries and replies)
 
     # ---- sampling and broadcast -------------------------------------------
     def sample(self, node_ids: list[int], server_round: int) -> list[int]:
-        """A seeded sample of ``fraction-train`` of the nodes (at least one)."""
-        nodes = sorted(node_ids)
-        k = max(1, int(len(nodes) * self.cfg.fraction_train + 1e-9))
+        """A seeded sample of ``fraction-train`` of the nodes (at least one), drawn over the
+        nodes ordered by partition id.
+
+        Flower's node ids are random per run; ordered by partition id (the same every run)
+        two runs with the same seed - two methods, say - train the same clients in every
+        round. Nodes whose partition is not known yet come last, by node id.
+        """
+        k = max(1, int(len(node_ids) * self.cfg.fraction_train + 1e-9))
+        if k >= len(node_ids):
+            return sorted(node_ids)
+        ordered = sorted(node_ids, key=lambda n: (n not in self.partitions, self.partitions.get(n, 0), n))
         rng = random.Random(self.cfg.seed * 1_000_003 + server_round)
-        return sorted(rng.sample(nodes, k))
+        return sorted(rng.sample(ordered, k))
+
+    def learn_partitions(self, grid: Grid, node_ids: list[int]) -> None:
+        """Ask the nodes whose partition id is not known yet (one query message each; the
+        ClientApp answers from its node config without loading data)."""
+        unknown = [n for n in node_ids if n not in self.partitions]
+        if not unknown:
+            return
+        record = RecordDict({protocol.CONFIG: self.round_config(0)})
+        messages = [Message(content=record, message_type=MessageType.QUERY, dst_node_id=n) for n in unknown]
+        for reply in grid.send_and_receive(messages=messages, timeout=self.cfg.round_timeout):
+            if not reply.has_error() and protocol.METRICS in reply.content.metric_records:
+                metrics = reply.content[protocol.METRICS]
+                if protocol.PARTITION_ID in metrics:
+                    self.partitions[reply.metadata.src_node_id] = int(metrics[protocol.PARTITION_ID])
+        missing = [n for n in unknown if n not in self.partitions]
+        if missing:
+            log(WARNING, "%d node(s) did not say their partition id; they are sampled after the others", len(missing))
 
     def round_config(self, server_round: int) -> ConfigRecord:
         return ConfigRecord({**self.cfg.to_flower(), protocol.SERVER_ROUND: server_round})
@@ -151,10 +182,13 @@ class CheckedFedAvg(FedAvg):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         node_ids = self._wait_for_nodes(grid)
+        if self.cfg.fraction_train < 1.0:
+            self.learn_partitions(grid, node_ids)
         sampled = self.sample(node_ids, server_round)
         if self.report.server_round != server_round:
             self.report = RoundReport(server_round)
         self.report.sampled = len(sampled)
+        self.report.sampled_nodes = list(sampled)
         self.report.attempts += 1
         self.report.clients = []
         log(INFO, "round %d: training on %d of %d nodes", server_round, len(sampled), len(node_ids))
@@ -198,24 +232,33 @@ class CheckedFedAvg(FedAvg):
         accepted: list[Reply] = []
         replies = list(replies)
         for msg in replies:
-            node = str(msg.metadata.src_node_id)
+            node_id = msg.metadata.src_node_id
+            node = str(node_id)
+            if not msg.has_error() and protocol.METRICS in msg.content.metric_records:
+                metrics = msg.content[protocol.METRICS]
+                if protocol.PARTITION_ID in metrics:
+                    self.partitions[node_id] = int(metrics[protocol.PARTITION_ID])
             if msg.has_error():
                 reason = short_reason(msg.error.reason)
-                self.report.failed.append({"node": node, "reason": reason})
-                log(WARNING, "round %d: node %s failed: %s", server_round, node, reason)
+                self.report.failed.append(self._who(node_id, reason))
+                log(WARNING, "round %d: %s failed: %s", server_round, self._name(node_id), reason)
                 continue
             reply, reason = self._parse(node, msg.content)
             if reply is not None and reference is not None:
                 reason = check_reply(reply, reference)
             if reason is not None or reply is None:
-                self.report.rejected.append({"node": node, "reason": reason})
-                log(WARNING, "round %d: rejected the reply of node %s: %s", server_round, node, reason)
+                self.report.rejected.append(self._who(node_id, reason))
+                log(WARNING, "round %d: rejected the reply of %s: %s", server_round, self._name(node_id), reason)
                 continue
             accepted.append(reply)
             self.report.clients.append({"node": node, **self._client_info(msg.content)})
-        missing = self.report.sampled - len(replies)
-        if missing > 0:
-            self.report.failed.extend({"node": "?", "reason": "no reply before round-timeout"} for _ in range(missing))
+        answered = {m.metadata.src_node_id for m in replies}
+        silent = [n for n in self.report.sampled_nodes if n not in answered]
+        silent += [None] * max(0, self.report.sampled - len(replies) - len(silent))  # sampled_nodes unknown
+        for node_id in silent:
+            self.report.failed.append(self._who(node_id, "no reply before round-timeout"))
+            if node_id is not None:
+                log(WARNING, "round %d: no reply from %s before round-timeout", server_round, self._name(node_id))
         self.report.accepted = len(accepted)
         if accepted and reference is not None:
             self.report.drift_diversity = drift_diversity([r.arrays for r in accepted], reference)
@@ -224,10 +267,25 @@ class CheckedFedAvg(FedAvg):
             return None, None
         ref = reference if reference is not None else accepted[0].arrays
         arrays = weighted_average(accepted, ref)
+        if reference is not None:
+            arrays = self.server_optimizer.step(server_round, reference, arrays, accepted)
+            step_size = getattr(self.server_optimizer, "last_step_size", None)
+            if step_size is not None:
+                self.report.server_step_size = step_size
         metrics = average_metrics(accepted)
         self.report.train_metrics = metrics
         self.report.num_examples = float(sum(r.num_examples for r in accepted))
         return to_array_record(arrays), MetricRecord(metrics)
+
+    def _who(self, node_id: int | None, reason: str | None) -> dict:
+        """A failure record: Flower's node id and, where known, the partition id / site."""
+        if node_id is None:
+            return {"node": "?", "partition_id": None, "reason": reason}
+        return {"node": str(node_id), "partition_id": self.partitions.get(node_id), "reason": reason}
+
+    def _name(self, node_id: int) -> str:
+        partition = self.partitions.get(node_id)
+        return f"node {node_id}" + ("" if partition is None else f" (partition {partition})")
 
     @staticmethod
     def _client_info(content: RecordDict) -> dict:
@@ -310,7 +368,10 @@ class CheckedFedAvg(FedAvg):
                 server_round, attempt + 1, self.report.accepted, self.report.sampled, needed,
                 self.cfg.min_fit_fraction,
             )
-        reasons = "; ".join(f"node {f['node']}: {f['reason']}" for f in (self.report.failed + self.report.rejected)[-5:])
+        reasons = "; ".join(
+            f"node {f['node']}" + ("" if f.get("partition_id") is None else f" (partition {f['partition_id']})")
+            + f": {f['reason']}" for f in (self.report.failed + self.report.rejected)[-5:]
+        )
         raise RoundFailedError(
             f"round {server_round} failed {self.cfg.round_retries + 1} time(s): fewer than "
             f"min-fit-fraction = {self.cfg.min_fit_fraction} of the sampled clients gave usable replies "

@@ -12,6 +12,9 @@ from fedvls_flwr.methods import method_names, method_settings
 from fedvls_flwr.objectives import MASK_VALUE, Objective, build_objective
 
 METHODS = method_names()
+#: Objectives that are a function of the logits alone (MOON and FedDecorr also read the
+#: model's representation; they have tests of their own below).
+LOGIT_METHODS = tuple(m for m in METHODS if build_objective(m, torch.tensor([1, 1])).features is None)
 
 
 def params(**changes) -> dict:
@@ -163,8 +166,37 @@ def ref_fedvls_paper(f, y, counts, params, g=None):
     return cal + dis + logit
 
 
+def ref_fedrs(f, y, counts, params, g=None):
+    B, C = f.shape
+    top = max(counts)
+    if params.fedrs_form == "binary":
+        scale = [1.0 if counts[c] > 0 else params.fedrs_alpha for c in range(C)]
+    else:
+        scale = [params.fedrs_alpha + (1 - params.fedrs_alpha) * counts[c] / top for c in range(C)]
+    loss = 0.0
+    for i in range(B):
+        loss = loss + ref_ce_over([f[i, c] * scale[c] for c in range(C)], range(C), y[i])
+    return loss / B
+
+
+def ref_fedlmd(f, y, counts, params, g):
+    B, C = f.shape
+    T, beta = params.fedlmd_tau, params.fedlmd_beta
+    mean = sum(counts) / C
+    ce = ref_fedavg(f, y, counts, params)
+    kl = 0.0
+    for i in range(B):
+        t = [g[i, c] / T - 1000.0 * (counts[c] > mean) - 1000.0 * (c == y[i]) for c in range(C)]
+        st = [f[i, c] / T - 1000.0 * (c == y[i]) for c in range(C)]
+        kl = kl + ref_kl(t, st, range(C))
+    return ce + beta * T**2 * kl / B
+
+
 REFS = {
     "fedavg": ref_fedavg,
+    "fedprox": ref_fedavg,  # at the logits: CE; the proximal term acts on the weights (tested below)
+    "fedrs": ref_fedrs,
+    "fedlmd": ref_fedlmd,
     "fedlc": ref_fedlc,
     "fedntd": ref_fedntd,
     "fedvls": ref_fedvls,
@@ -214,7 +246,8 @@ def assert_matches(method, params, counts, f, y, g, rtol=1e-9, atol=1e-10):
 PARAM_SETS = [
     params(),
     params(fedlc_form="paper", fedlc_tau=0.1, fedntd_beta=0.3, fedntd_tau=2.0,
-                    lambda_dis=0.5, logit_weight=0.3),
+                    lambda_dis=0.5, logit_weight=0.3, fedrs_alpha=0.4, fedrs_form="proportional",
+                    fedlmd_beta=0.7, fedlmd_tau=2.0, fedprox_mu=0.5),
 ]
 VACANT_SETS = [(), (2,), (0, 3, 5)]
 
@@ -223,7 +256,7 @@ VACANT_SETS = [(), (2,), (0, 3, 5)]
 # ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", LOGIT_METHODS)
 @pytest.mark.parametrize("vacant", VACANT_SETS, ids=["no-vacant", "one-vacant", "three-vacant"])
 @pytest.mark.parametrize("pi", range(len(PARAM_SETS)), ids=["defaults", "custom"])
 def test_matches_reference(method, vacant, pi):
@@ -232,7 +265,7 @@ def test_matches_reference(method, vacant, pi):
     assert_matches(method, PARAM_SETS[pi], counts, f, y, g)
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", LOGIT_METHODS)
 def test_one_class_in_batch(method):
     counts, f, y, g = make_case(seed=11, vacant=(0, 4), batch_classes=[3])
     assert (y == 3).all()
@@ -240,7 +273,7 @@ def test_one_class_in_batch(method):
     assert_matches(method, params(fedlc_form="paper"), counts, f, y, g)
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", LOGIT_METHODS)
 def test_client_with_one_class(method):
     C, B = 6, 9
     counts = torch.zeros(C, dtype=torch.long)
@@ -297,7 +330,7 @@ def test_fedvls_paper_vacant_masked_bounded_not():
     assert float(bounded(f2, y)[0]) > float(bounded(f, y)[0]) + 1.0  # log(1e-9) only damps
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", LOGIT_METHODS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_huge_logits_finite(method, dtype):
     counts, f, y, g = make_case(seed=5, vacant=(1, 4, 6))
@@ -314,7 +347,7 @@ def test_huge_logits_finite(method, dtype):
             assert all(torch.isfinite(t) for t in terms.values())
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", LOGIT_METHODS)
 def test_half_precision_upcast(method):
     counts, f, y, g = make_case(seed=3, vacant=(0, 2))
     fb = f.detach().to(torch.bfloat16).requires_grad_(True)
@@ -356,11 +389,11 @@ def test_missing_teacher_raises(method):
         obj(torch.randn(4, 4), torch.tensor([0, 3, 3, 0]))
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", LOGIT_METHODS)
 def test_teacher_not_needed_is_ignored(method):
     counts = torch.tensor([3, 0, 4, 6])  # at most one vacant class
-    if method == "fedntd":
-        pytest.skip("FedNTD always uses the teacher")
+    if method in ("fedntd", "fedlmd"):
+        pytest.skip(f"{method} always uses the teacher")
     obj = build_objective(method, counts)
     assert not obj.needs_teacher
     f = torch.randn(5, 4)
@@ -444,7 +477,7 @@ def test_fedlc_margin_direction():
 
 def test_unknown_method():
     with pytest.raises(ValueError) as ei:
-        build_objective("fedprox", torch.tensor([1, 2, 3]))
+        build_objective("fedfoo", torch.tensor([1, 2, 3]))
     msg = str(ei.value)
     assert "fedprox" in msg
     assert all(m in msg for m in METHODS)
@@ -490,7 +523,7 @@ def test_bounded_logit_lower_bound():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", LOGIT_METHODS)
 def test_cuda_no_host_sync(method):
     dev = torch.device("cuda")
     counts = torch.tensor([10, 0, 30, 0, 60, 0, 5], device=dev)

@@ -246,3 +246,62 @@ def test_aggregated_record_round_trips_0d_integer_buffers_across_rounds():
         assert reference["bn.num_batches_tracked"].shape == ()
         assert reference["bn.num_batches_tracked"].dtype == np.int64
         assert int(reference["bn.num_batches_tracked"]) == server_round * 5
+
+
+class PartitionGrid(FakeGrid):
+    """Answers query messages with the node's partition id (``partition_of``), train
+    messages with ``respond``."""
+
+    def __init__(self, partition_of, respond):
+        super().__init__(list(partition_of), respond)
+        self.partition_of = partition_of
+
+    def send_and_receive(self, messages, timeout=None):
+        messages = list(messages)
+        if messages and messages[0].metadata.message_type == "query":
+            self.sent.append(messages)
+            return [query_reply(m.metadata.dst_node_id, self.partition_of[m.metadata.dst_node_id]) for m in messages]
+        return super().send_and_receive(messages, timeout)
+
+
+def query_reply(node, partition):
+    meta = Metadata(
+        run_id=1, message_id=f"q{node}", src_node_id=node, dst_node_id=0, reply_to_message_id="x",
+        group_id="0", created_at=time.time(), ttl=60.0, message_type="query",
+    )
+    return Message(RecordDict({METRICS_KEY: MetricRecord({"partition-id": partition})}), metadata=meta)
+
+
+def test_partial_participation_samples_the_same_partitions_whatever_the_node_ids():
+    """Flower's node ids are random per run: two runs with the same seed (two methods)
+    must train the same partitions in every round; the strategy learns each node's
+    partition once with a query message."""
+    cfg = RunConfig(fraction_train=0.3, seed=5, num_server_rounds=4)
+    picked = []
+    for node_ids in ([901, 17, 455, 23, 78, 3000, 64, 12, 5, 700], [3, 88, 41, 2, 999, 5000, 7, 61, 10, 400]):
+        partition_of = {node: pid for pid, node in enumerate(node_ids)}
+        grid = PartitionGrid(partition_of, good)
+        rounds = []
+        CheckedFedAvg(cfg).run(grid, initial(), on_round_end=lambda r, a, rep, rounds=rounds, of=partition_of: (
+            rounds.append(sorted(of[n] for n in rep.sampled_nodes))))
+        assert sum(1 for batch in grid.sent if batch[0].metadata.message_type == "query") == 1  # asked once
+        picked.append(rounds)
+    assert picked[0] == picked[1] and all(len(r) == 3 for r in picked[0])
+    assert len({tuple(r) for r in picked[0]}) > 1  # different clients from round to round
+
+
+def test_failures_name_the_partition_of_the_node():
+    cfg = RunConfig(num_server_rounds=2, min_fit_fraction=0.3)
+
+    def respond(node, attempt):
+        if node == 12 and attempt == 2:
+            return reply(node, error="boom")
+        if node == 13 and attempt == 2:
+            return None  # no reply
+        return reply(node, arrays(1.0), 10, **{"partition-id": node - 10})
+
+    reports = []
+    CheckedFedAvg(cfg).run(FakeGrid([11, 12, 13], respond), initial(), on_round_end=lambda r, a, rep: reports.append(rep))
+    failed = {f["node"]: f for f in reports[1].failed}
+    assert failed["12"]["partition_id"] == 2 and "boom" in failed["12"]["reason"]
+    assert failed["13"]["partition_id"] == 3 and "no reply" in failed["13"]["reason"]
