@@ -53,7 +53,8 @@ GENERAL_SETTINGS: tuple[Setting, ...] = (
     Setting("shards-per-client", 2, "shards (partition = shards) or classes (noniid-labeldir) per client",
             **at_least(1)),
     Setting("min-partition-size", 10, "every Dirichlet client holds at least this many samples", **at_least(1)),
-    Setting("seed", 0, "partition, model initialisation, client sampling and batch order"),
+    Setting("seed", 0, "partition, model initialisation, client sampling and batch order",
+            **at_least(0, "an integer; the partition and sampling draw from it")),
     Setting("model", "auto", "the network; auto = the paper's model for the dataset", choices=("auto", *MODELS)),
     Setting("train-pool-size", 0, "> 0: a stratified fixed-seed subsample of the training pool of this size",
             **at_least(0, "0 = the whole training pool")),
@@ -174,13 +175,32 @@ def model_name(cfg: RunConfig) -> str:
     return DEFAULT_MODELS[cfg.dataset] if cfg.model == "auto" else cfg.model
 
 
+# Names people reach for that are not keys of this app: what to write instead.
+SYNONYMS = {
+    "learning-rate": "lr", "rounds": "num-server-rounds", "num-rounds": "num-server-rounds",
+    "epochs": "local-epochs", "wd": "weight-decay", "beta": "dirichlet-beta", "alpha": "dirichlet-beta",
+}
+#: Simulation settings that belong in ``flwr run --federation-config``, not the run config.
+FEDERATION_KEYS = ("num-supernodes", "client-resources-num-cpus", "client-resources-num-gpus")
+
+
+def did_you_mean(key: str, known) -> str:
+    """`` (did you mean 'x'?)`` for the entry of ``known`` closest to ``key`` (hyphens,
+    underscores and case ignored first, then a few synonyms, then difflib), or ``""``."""
+    known = list(known)
+    flat = key.replace("-", "").replace("_", "").lower()
+    close = [k for k in known if k.replace("-", "").replace("_", "").lower() == flat]
+    synonym = SYNONYMS.get(key.replace("_", "-").lower())
+    if not close and synonym in known:
+        close = [synonym]
+    close = close or difflib.get_close_matches(key.replace("_", "-").lower(), known, n=1, cutoff=0.7)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
 def _did_you_mean(key: str) -> str:
-    normalised = {k.replace("-", ""): k for k in _BY_KEY}
-    close = normalised.get(key.replace("-", "").replace("_", "").lower())
-    if close is None:
-        matches = difflib.get_close_matches(key, list(_BY_KEY), n=1, cutoff=0.75)
-        close = matches[0] if matches else None
-    return f" (did you mean '{close}'?)" if close else ""
+    if key in FEDERATION_KEYS:
+        return f" ('{key}' is a federation setting: flwr run ... --federation-config \"{key}=...\", not --run-config)"
+    return did_you_mean(key, _BY_KEY)
 
 
 def parse_run_config(raw: dict[str, Any], *, strict: bool = True) -> RunConfig:

@@ -40,6 +40,7 @@ from typing import Any
 from click import ClickException
 
 from .check import check_run_config
+from .config_args import parse_run_config_args
 from .launch import PROJECT_DIR, LocalSuperLink, RunOutcome, TlsFiles
 from .node_data import parse_node_config
 
@@ -192,13 +193,15 @@ def _raise_terminated(signum: int, _frame: Any) -> None:
     raise _Terminated(signum)
 
 
-def parse_config_string(text: str | None) -> dict[str, Any]:
-    """``"k1=v1 k2='s'"`` (the ``--run-config``/``--node-config`` syntax) -> dict."""
+def parse_config_string(text: str | None, option: str = "--run-config") -> dict[str, Any]:
+    """``"k1=v1 k2='s'"`` (the ``--run-config``/``--node-config`` syntax) -> dict.
+
+    Strict: an item Flower's parser would silently drop (``lr=``, a bare ``lr``) is a
+    ConfigError naming it (fedvls_flwr.config_args).
+    """
     if not text:
         return {}
-    from flwr.common.config import parse_config_args
-
-    return dict(parse_config_args([text]))
+    return parse_run_config_args([text], option=option)
 
 
 def node_configs(
@@ -210,7 +213,7 @@ def node_configs(
     if node_config:
         if len(node_config) != nodes:
             raise SystemExit(f"--node-config given {len(node_config)} times for --nodes {nodes}; give one per node")
-        return [parse_config_string(text) for text in node_config]
+        return [parse_config_string(text, "--node-config") for text in node_config]
     if node_data:
         configs = []
         for i, directory in enumerate(node_data):
@@ -470,8 +473,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--nodes must be >= 1")
     if args.node_data and args.node_dataset == "folder" and not args.classes:
         parser.error("--node-data with folder data needs --classes 'name0,name1,...' (fixes the label ids)")
-    configs = node_configs(nodes, args.node_data, args.node_dataset, args.classes, args.node_config)
     try:  # a bad value costs nothing: checked before any process starts
+        configs = node_configs(nodes, args.node_data, args.node_dataset, args.classes, args.node_config)
         run_config = parse_config_string(args.run_config)
         check_run_config(run_config, data=False, app_dir=args.app)
         for config in configs:

@@ -1,7 +1,11 @@
 """Run folder: rounds.jsonl (one line per round), summary.json, the final global model.
 
 Every file is replaced atomically (write a temporary file, fsync, rename), so a crash
-leaves the previous complete version, never half a file.
+leaves the previous complete version, never half a file. A failed write (a full disk)
+raises OSError naming the file it was writing.
+
+:func:`read_resume_point` reads what ``resume = true`` continues from, and says which
+file is damaged and what to do when the folder cannot be resumed as it is.
 """
 
 from __future__ import annotations
@@ -10,6 +14,8 @@ import json
 import math
 import os
 import tempfile
+import zipfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +28,20 @@ CLIENTS_FILE = "clients.json"
 CHECKPOINT_FILE = "checkpoint.npz"
 STATE_FILE = "state.json"
 CONFIG_FILE = "config.json"
+#: Key of the 0-d int64 array in checkpoint.npz that records the round it holds (absent in
+#: checkpoints written before it was added; state.json then says which round it is).
+CHECKPOINT_ROUND_KEY = "__fedvls_round__"
+#: Settings that may differ between a run and its resumption (everything else must match).
+#: output-dir and run-name: the folder is the run's identity, not its path - a run folder
+#: moved elsewhere (e.g. off a full disk) continues there.
+RESUMABLE_CHANGES = frozenset({
+    "resume", "num-server-rounds", "round-timeout", "round-retries", "device", "torch-threads",
+    "output-dir", "run-name",
+})
+
+
+class RunFolderError(ValueError):
+    """A run folder that cannot be resumed as it is; the message names the file and what to do."""
 
 
 def _jsonable(value: Any) -> Any:
@@ -38,16 +58,26 @@ def _jsonable(value: Any) -> Any:
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    """Write ``path`` via a temp file + fsync + rename; an OSError names ``path``."""
+    path = Path(path)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as err:
+        if tmp is not None:
+            try:
+                Path(tmp).unlink(missing_ok=True)
+            except OSError:
+                pass
+        if isinstance(err, OSError) and err.errno is not None and err.filename != str(path):
+            # write()/fsync() failures name no file; say which one could not be written
+            raise OSError(err.errno, err.strerror or str(err), str(path)) from err
         raise
 
 
@@ -69,6 +99,18 @@ def load_arrays(path: Path) -> dict[str, np.ndarray]:
         return {key: data[key] for key in data.files}
 
 
+def save_checkpoint(path: Path, arrays: dict[str, np.ndarray], server_round: int) -> None:
+    """The global model after ``server_round``, with the round recorded inside the file."""
+    save_arrays(path, {**arrays, CHECKPOINT_ROUND_KEY: np.asarray(server_round, dtype=np.int64)})
+
+
+def load_checkpoint(path: Path) -> tuple[int | None, dict[str, np.ndarray]]:
+    """(the round it holds, or None for an older checkpoint without it; the model's arrays)."""
+    arrays = load_arrays(path)
+    stamp = arrays.pop(CHECKPOINT_ROUND_KEY, None)
+    return (None if stamp is None else int(stamp)), arrays
+
+
 def read_rounds(run_dir: Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / ROUNDS_FILE
     if not path.exists():
@@ -85,9 +127,11 @@ class RunWriter:
         self.rounds: list[dict[str, Any]] = []
 
     def append_round(self, record: dict[str, Any]) -> None:
-        self.rounds.append(_jsonable(record))
-        text = "".join(json.dumps(r) + "\n" for r in self.rounds)
+        """Add a round; ``self.rounds`` grows only once the file holds it too."""
+        rounds = [*self.rounds, _jsonable(record)]
+        text = "".join(json.dumps(r) + "\n" for r in rounds)
         atomic_write_bytes(self.run_dir / ROUNDS_FILE, text.encode())
+        self.rounds = rounds
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         atomic_write_json(self.run_dir / SUMMARY_FILE, summary)
@@ -100,8 +144,11 @@ class RunWriter:
     def save_model(self, arrays: dict[str, np.ndarray]) -> None:
         save_arrays(self.run_dir / MODEL_FILE, arrays)
 
-    def save_checkpoint(self, arrays: dict[str, np.ndarray]) -> None:
-        save_arrays(self.run_dir / CHECKPOINT_FILE, arrays)
+    def save_checkpoint(self, arrays: dict[str, np.ndarray], server_round: int | None = None) -> None:
+        if server_round is None:
+            save_arrays(self.run_dir / CHECKPOINT_FILE, arrays)
+        else:
+            save_checkpoint(self.run_dir / CHECKPOINT_FILE, arrays, server_round)
 
 
 def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -116,3 +163,180 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         "final_accuracy": trained[-1]["accuracy"],
         "final_round": trained[-1]["round"],
     }
+
+
+# ---------------------------------------------------------------------------------------
+# resume
+# ---------------------------------------------------------------------------------------
+@dataclass
+class ResumePoint:
+    """What ``resume = true`` continues from: the last completed round, its global model,
+    the rounds 0..round of rounds.jsonl, and what was repaired on the way (to be logged)."""
+
+    round: int
+    arrays: dict[str, np.ndarray]
+    rounds: list[dict[str, Any]]
+    notes: list[str] = field(default_factory=list)
+
+
+def holds_run(run_dir: Path) -> bool:
+    """Whether a run folder holds a run that got past its first round (state or checkpoint)."""
+    return (Path(run_dir) / STATE_FILE).exists() or (Path(run_dir) / CHECKPOINT_FILE).exists()
+
+
+def _read_json_file(path: Path) -> tuple[Any, str | None]:
+    """(content, None) or (None, why it cannot be read)."""
+    try:
+        return json.loads(path.read_text()), None
+    except FileNotFoundError:
+        return None, "missing"
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        return None, f"unreadable ({type(err).__name__}: {err})"
+
+
+def _saved_config(run_dir: Path) -> tuple[dict[str, Any], str | None]:
+    """The config the run was started with: config.json, else summary.json's copy."""
+    saved, why = _read_json_file(run_dir / CONFIG_FILE)
+    if isinstance(saved, dict):
+        return saved, None
+    why = why or "not a JSON object"
+    summary, _ = _read_json_file(run_dir / SUMMARY_FILE)
+    if isinstance(summary, dict) and isinstance(summary.get("config"), dict):
+        return summary["config"], f"{run_dir / CONFIG_FILE} is {why}; compared the settings with the copy in {SUMMARY_FILE}"
+    raise RunFolderError(
+        f"resume: {run_dir / CONFIG_FILE} is {why}, so the settings this run was started with "
+        "cannot be compared with this run config (and no summary.json holds a copy). Restore "
+        "config.json from a copy of the folder, or start a new run (another run-name)."
+    )
+
+
+def _read_rounds_for_resume(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
+    """(parsed records, 1-based numbers of lines that are not a JSON object with a round)."""
+    records, bad = [], []
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return [], []
+    except OSError as err:
+        raise RunFolderError(f"resume: cannot read {path}: {err}") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            bad.append(number)
+            continue
+        if not isinstance(record, dict) or not isinstance(record.get("round"), int):
+            bad.append(number)
+            continue
+        records.append({**record, "_line": number})
+    return records, bad
+
+
+def read_resume_point(run_dir: Path, config: dict[str, Any]) -> ResumePoint:
+    """The round to continue after, its model and metrics, from a folder that ``holds_run``.
+
+    The files are written in the order rounds.jsonl, checkpoint.npz (which records its
+    round), state.json, each atomically; so the checkpoint's round is the last completed
+    one, rounds.jsonl must hold every round up to it, and a later record (a round the
+    server was stopped in) is dropped and re-run. What the other files allow is repaired
+    (a torn last line of rounds.jsonl after the checkpoint's round; a stale, missing or
+    garbage state.json when the checkpoint records its round and rounds.jsonl agrees) and
+    reported in ``notes``; anything else raises :class:`RunFolderError` naming the file.
+    ``config``: the run config (kebab-case) it is resumed with.
+    """
+    run_dir = Path(run_dir)
+    notes: list[str] = []
+    saved, note = _saved_config(run_dir)
+    if note:
+        notes.append(note)
+    changed = sorted(k for k, v in config.items() if saved.get(k) != v and k not in RESUMABLE_CHANGES)
+    if changed:
+        detail = ", ".join(f"{k}: {saved.get(k, '(unset)')!r} -> {config.get(k, '(unset)')!r}" for k in changed)
+        raise RunFolderError(
+            f"resume: the run in {run_dir} was started with other settings ({detail}); "
+            "resume with the same run config (only num-server-rounds, timeouts, retries, device, "
+            "torch-threads, output-dir and run-name may change), or start a new run-name"
+        )
+
+    checkpoint = run_dir / CHECKPOINT_FILE
+    state_path = run_dir / STATE_FILE
+    rounds_path = run_dir / ROUNDS_FILE
+    state, state_why = _read_json_file(state_path)
+    state_round = state.get("round") if isinstance(state, dict) else None
+    if not isinstance(state_round, int) or isinstance(state_round, bool) or state_round < 0:
+        state_why = state_why or f"not a JSON object with a round number ({str(state)[:80]!r})"
+        state_round = None
+    if not checkpoint.exists():
+        raise RunFolderError(
+            f"resume: {checkpoint} is missing (state.json says round {state_round}); the global model "
+            "of the last completed round is gone, so this run cannot continue. Restore checkpoint.npz "
+            "from a copy of the folder, or start a new run (another run-name)."
+        )
+    try:
+        ck_round, arrays = load_checkpoint(checkpoint)
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as err:
+        # np.load: BadZipFile (a truncated .npz), ValueError/EOFError (a damaged member)
+        last = "an unknown round" if state_round is None else f"round {state_round}"
+        raise RunFolderError(
+            f"resume: {checkpoint} is damaged ({type(err).__name__}: {err}); it held the global model "
+            f"of {last}, which no other file has, so this run cannot continue from it. The metrics "
+            f"up to then in {ROUNDS_FILE} are intact. Restore checkpoint.npz from a copy of the "
+            "folder, or start the run again (another run-name)."
+        ) from None
+
+    records, bad = _read_rounds_for_resume(rounds_path)
+    if ck_round is not None:
+        done = ck_round
+        if state_round is None:
+            notes.append(f"{state_path} is {state_why}; {CHECKPOINT_FILE} records round {done} and "
+                         f"{ROUNDS_FILE} holds rounds 0..{done}: continuing after round {done}")
+        elif state_round == done - 1:
+            notes.append(f"{state_path} says round {state_round} but {CHECKPOINT_FILE} holds round {done} "
+                         "(the server stopped between writing the two): continuing after round "
+                         f"{done}")
+        elif state_round != done:
+            raise RunFolderError(
+                f"resume: {state_path} says round {state_round} but {checkpoint} holds round {done}: "
+                "the files come from different points of the run (a partial copy?). Restore the "
+                "folder from one consistent copy, or start a new run (another run-name)."
+            )
+    elif state_round is not None:
+        done = state_round
+    else:
+        last = max((r["round"] for r in records), default=None)
+        raise RunFolderError(
+            f"resume: {state_path} is {state_why}, and {checkpoint} (written by an older version) "
+            "does not record its round, so which round it holds cannot be established safely"
+            + (f" (rounds.jsonl ends with round {last}, but the server may have stopped before that "
+               "round's checkpoint). If you know the checkpoint holds round N, write "
+               '{"round": N} into state.json' if last is not None else ". Restore state.json")
+            + "; otherwise start a new run (another run-name)."
+        )
+
+    kept = [r for r in records if r["round"] <= done]
+    got = [r["round"] for r in kept]
+    if got != list(range(done + 1)):
+        missing = sorted(set(range(done + 1)) - set(got))
+        what = (f"lines {bad} cannot be read" if bad else "no line is damaged") + (
+            f", round(s) {missing} are missing" if missing else f", the rounds are out of order or repeated ({got})")
+        raise RunFolderError(
+            f"resume: {rounds_path} does not hold rounds 0..{done} that {CHECKPOINT_FILE} covers ({what}); "
+            "the metrics of those rounds are lost. Restore rounds.jsonl from a copy of the folder, or "
+            "start the run again (another run-name)."
+        )
+    last_kept_line = kept[-1]["_line"]
+    damaged_before = [n for n in bad if n < last_kept_line]
+    if damaged_before:
+        raise RunFolderError(
+            f"resume: {rounds_path} line(s) {damaged_before} cannot be read, between rounds the "
+            f"checkpoint covers; restore rounds.jsonl from a copy, or start the run again."
+        )
+    if bad:
+        notes.append(f"dropped {len(bad)} torn line(s) of {rounds_path} after round {done}'s (line(s) {bad}): "
+                     f"a round {CHECKPOINT_FILE} does not hold, which is run again")
+    later = [r["round"] for r in records if r["round"] > done]
+    if later:
+        notes.append(f"{ROUNDS_FILE} round(s) {later} came after the checkpoint's round {done} and are run again")
+    return ResumePoint(done, arrays, [{k: v for k, v in r.items() if k != "_line"} for r in kept], notes)

@@ -1,14 +1,17 @@
 """The server's side of an experiment: initial model, rounds, evaluation, result files.
 
-After every round the global model (``checkpoint.npz``), ``rounds.jsonl`` and
-``state.json`` (the last completed round) are replaced atomically, so a killed server
-loses at most the round in progress; ``resume = true`` continues from there.
+After every round the global model (``checkpoint.npz``, which records its round),
+``rounds.jsonl`` and ``state.json`` (the last completed round) are replaced atomically,
+so a killed server loses at most the round in progress; ``resume = true`` continues from
+there, in the same folder or after the folder was moved (``output-dir`` may change). A
+result file that cannot be written (a full disk) stops the run with a message naming the
+file, the last round that is safe and how to continue.
 """
 
 from __future__ import annotations
 
-import json
 import time
+from contextlib import contextmanager
 from logging import INFO, WARNING
 from pathlib import Path
 
@@ -23,23 +26,26 @@ from .diagnostics import local_update_view
 from .models import build_run_model
 from .node_data import dataset_for
 from .results import (
-    CHECKPOINT_FILE,
     CONFIG_FILE,
+    RESUMABLE_CHANGES,
     STATE_FILE,
     RunWriter,
     atomic_write_json,
-    load_arrays,
-    read_rounds,
+    holds_run,
+    read_resume_point,
     summarize,
 )
 from .strategy import CheckedFedAvg, RoundReport, to_array_record, to_numpy_dict
 from .training import evaluate, resolve_device
 
+__all__ = ["RESUMABLE_CHANGES", "SERVER_STATE_PREFIX", "ResultsWriteError", "run_dir_for", "run_experiment"]
+
 #: Checkpoint arrays under this prefix are the server optimizer's state, not the model's.
 SERVER_STATE_PREFIX = "server-optimizer/"
 
-# Keys that may differ between a run and its resumption (everything else must match).
-RESUMABLE_CHANGES = {"resume", "num-server-rounds", "round-timeout", "round-retries", "device", "torch-threads"}
+
+class ResultsWriteError(RuntimeError):
+    """A result file could not be written (e.g. a full disk); says what is safe and how to go on."""
 
 
 def run_dir_for(cfg: RunConfig) -> Path:
@@ -48,26 +54,37 @@ def run_dir_for(cfg: RunConfig) -> Path:
 
 def _resume_point(cfg: RunConfig, run_dir: Path) -> tuple[int, dict | None, list[dict]]:
     """(last completed round, its global arrays, its rounds) of a run folder, or (0, None, [])."""
-    state_path = run_dir / STATE_FILE
-    if not cfg.resume or not state_path.exists():
+    if not cfg.resume or not holds_run(run_dir):
         if cfg.resume:
             log(WARNING, "resume = true but %s holds no checkpoint; starting from round 1", run_dir)
-        elif (run_dir / STATE_FILE).exists():
+        elif holds_run(run_dir):
             raise ConfigError(
                 f"run folder {run_dir} already holds a run; set resume=true to continue it "
                 "or choose another run-name / output-dir"
             )
         return 0, None, []
-    saved = json.loads((run_dir / CONFIG_FILE).read_text())
-    changed = sorted(k for k, v in cfg.to_flower().items() if saved.get(k) != v and k not in RESUMABLE_CHANGES)
-    if changed:
-        raise ConfigError(
-            f"resume: the run in {run_dir} was started with other settings for {changed}; "
-            "resume with the same run config (only num-server-rounds, timeouts and device may change)"
-        )
-    done = int(json.loads(state_path.read_text())["round"])
-    rounds = [r for r in read_rounds(run_dir) if r["round"] <= done]
-    return done, load_arrays(run_dir / CHECKPOINT_FILE), rounds
+    point = read_resume_point(run_dir, cfg.to_flower())
+    for note in point.notes:
+        log(WARNING, "resume: %s", note)
+    return point.round, point.arrays, point.rounds
+
+
+def _write_failed(err: OSError, cfg: RunConfig, run_dir: Path, saved_round: int, total: int) -> ResultsWriteError:
+    """The message for a result file that could not be written after ``saved_round``."""
+    path = err.filename or run_dir
+    how = (f"free space there, or move the folder {run_dir} to a disk with room, then start the same "
+           f"run config with resume=true run-name='{run_dir.name}' (plus output-dir='<the folder it now "
+           "lies in>' if you moved it)")
+    if saved_round >= total:
+        safe = (f"All {total} rounds are complete and safe in {run_dir} (checkpoint.npz, rounds.jsonl); "
+                f"only the final files are missing. To write them: {how}.")
+    elif saved_round > 0:
+        safe = (f"The results up to round {saved_round} of {total} are complete and safe in {run_dir} "
+                f"(checkpoint.npz, rounds.jsonl, state.json). To continue after round {saved_round}: {how}.")
+    else:
+        safe = (f"No round had been completed and saved yet, so nothing computed is lost: {how} "
+                "(or just start it again).")
+    return ResultsWriteError(f"could not write {path}: {err.strerror or err}. {safe}")
 
 
 def run_experiment(grid: Grid, cfg: RunConfig) -> Path:
@@ -75,6 +92,15 @@ def run_experiment(grid: Grid, cfg: RunConfig) -> Path:
     t_start = time.perf_counter()
     run_dir = run_dir_for(cfg)
     start_round, saved_arrays, saved_rounds = _resume_point(cfg, run_dir)
+    saved_round = start_round  # the last round whose checkpoint, rounds and state are all on disk
+
+    @contextmanager
+    def results_written():
+        try:
+            yield
+        except OSError as err:
+            raise _write_failed(err, cfg, run_dir, saved_round, cfg.num_server_rounds) from err
+
     bundle = server_test_set(cfg)
     evaluation = "server" if bundle is not None else "federated"
     if bundle is not None:
@@ -85,9 +111,12 @@ def run_experiment(grid: Grid, cfg: RunConfig) -> Path:
     device = resolve_device("cpu" if cfg.device == "cpu" else "auto")
     torch.manual_seed(cfg.seed)
     model = build_run_model(cfg, input_shape, num_classes)
-    writer = RunWriter(run_dir)
-    writer.rounds = saved_rounds
-    atomic_write_json(run_dir / CONFIG_FILE, cfg.to_flower())
+    with results_written():
+        writer = RunWriter(run_dir)
+        writer.rounds = saved_rounds
+        atomic_write_json(run_dir / CONFIG_FILE, cfg.to_flower())
+        if start_round:  # repairs a stale or damaged state.json (see read_resume_point)
+            atomic_write_json(run_dir / STATE_FILE, {"round": start_round})
     log(INFO, "fedvls: %s on %s (%s), %s evaluation, results in %s",
         cfg.method, cfg.dataset, model_name(cfg), evaluation, run_dir)
     strategy = CheckedFedAvg(cfg)
@@ -115,13 +144,15 @@ def run_experiment(grid: Grid, cfg: RunConfig) -> Path:
     clients: dict[int, list[int]] = {}
 
     def on_round_end(server_round: int, arrays: ArrayRecord, report: RoundReport) -> None:
+        nonlocal saved_round
         t_eval = time.perf_counter()
         previous_global = writer.rounds[-1]["per_class_accuracy"] if writer.rounds else None
         metrics = evaluate_global(arrays, server_round)
         new = {c["partition_id"]: c["class_counts"] for c in report.clients if "partition_id" in c}
         if any(pid not in clients for pid in new):
             clients.update(new)
-            writer.write_clients(num_classes, clients)
+            with results_written():
+                writer.write_clients(num_classes, clients)
         record = {
             "round": server_round,
             **metrics,
@@ -145,12 +176,15 @@ def run_experiment(grid: Grid, cfg: RunConfig) -> Path:
         ]
         if local and previous_global is not None:
             record["local_update"] = local_update_view(local, previous_global)
-        # rounds.jsonl first, then the checkpoint, then the state that points at both:
-        # a kill between two writes leaves a state that still names a complete round.
-        writer.append_round(record)
+        # rounds.jsonl first, then the checkpoint (which records its round), then the state
+        # that points at both: a kill or a full disk between two writes leaves a checkpoint
+        # whose round rounds.jsonl holds (read_resume_point sorts out a stale state.json).
         server_state = {SERVER_STATE_PREFIX + k: v for k, v in strategy.server_optimizer.state().items()}
-        writer.save_checkpoint({**to_numpy_dict(arrays), **server_state})
-        atomic_write_json(run_dir / STATE_FILE, {"round": server_round})
+        with results_written():
+            writer.append_round(record)
+            writer.save_checkpoint({**to_numpy_dict(arrays), **server_state}, server_round)
+            atomic_write_json(run_dir / STATE_FILE, {"round": server_round})
+        saved_round = server_round
         log(
             INFO, "round %d/%d: accuracy %s  loss %s  train-loss %s  clients %d/%d  %.2fs",
             server_round, cfg.num_server_rounds, _fmt(metrics["accuracy"]), _fmt(metrics["loss"]),
@@ -158,20 +192,30 @@ def run_experiment(grid: Grid, cfg: RunConfig) -> Path:
             report.accepted, report.sampled, record["seconds"],
         )
 
-    if saved_arrays is None:
-        initial = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
-        writer.append_round({"round": 0, **evaluate_global(initial), "seconds": 0.0})
-    else:
-        initial = to_array_record(saved_arrays)
-        log(INFO, "fedvls: resuming after round %d of %d", start_round, cfg.num_server_rounds)
     try:
+        if saved_arrays is None:
+            initial = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
+            round0 = {"round": 0, **evaluate_global(initial), "seconds": 0.0}
+            with results_written():
+                writer.append_round(round0)
+        else:
+            initial = to_array_record(saved_arrays)
+            log(INFO, "fedvls: resuming after round %d of %d", start_round, cfg.num_server_rounds)
         final = strategy.run(grid, initial, on_round_end=on_round_end, start_round=start_round + 1)
+        with results_written():
+            writer.save_model(to_numpy_dict(final))
+            summary = _summary(cfg, run_dir, bundle, writer.rounds, t_start, status="completed",
+                               resumed_after_round=start_round)
+            writer.write_summary(summary)
     except Exception as err:
-        writer.write_summary(_summary(cfg, run_dir, bundle, writer, t_start, status="failed", error=str(err)))
+        # Never claim more than the checkpoint holds: rounds after saved_round are not on disk
+        # as a whole (rounds.jsonl may hold one the checkpoint does not).
+        saved = [r for r in writer.rounds if r["round"] <= saved_round]
+        try:
+            writer.write_summary(_summary(cfg, run_dir, bundle, saved, t_start, status="failed", error=str(err)))
+        except OSError as write_err:
+            log(WARNING, "fedvls: summary.json not written either (%s)", write_err)
         raise
-    writer.save_model(to_numpy_dict(final))
-    summary = _summary(cfg, run_dir, bundle, writer, t_start, status="completed", resumed_after_round=start_round)
-    writer.write_summary(summary)
     log(
         INFO, "fedvls: done - best accuracy %s (round %s), final %s; %s",
         _fmt(summary["best_accuracy"]), summary["best_round"], _fmt(summary["final_accuracy"]), run_dir,
@@ -197,7 +241,7 @@ def server_test_set(cfg: RunConfig) -> DatasetBundle | None:
         return None
 
 
-def _summary(cfg: RunConfig, run_dir: Path, bundle, writer: RunWriter, t_start: float, **extra) -> dict:
+def _summary(cfg: RunConfig, run_dir: Path, bundle, rounds: list[dict], t_start: float, **extra) -> dict:
     return {
         "config": cfg.to_flower(),
         "run_dir": str(run_dir),
@@ -205,8 +249,8 @@ def _summary(cfg: RunConfig, run_dir: Path, bundle, writer: RunWriter, t_start: 
         "evaluation": "server" if bundle is not None else "federated",
         "num_train_pool": None if bundle is None else int(bundle.train_y.shape[0]),
         "num_test": None if bundle is None else int(bundle.test_y.shape[0]),
-        **summarize(writer.rounds),
-        "rounds_completed": max((r["round"] for r in writer.rounds), default=0),
+        **summarize(rounds),
+        "rounds_completed": max((r["round"] for r in rounds), default=0),
         "wall_seconds": time.perf_counter() - t_start,
         **extra,
     }

@@ -74,7 +74,10 @@ class Setting:
                 return value.lower() == "true"
             raise ConfigError(f"run config '{self.key}' = {value!r}: expected true or false")
         if kind is int:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+            # float.is_integer() is False for inf and nan (int(inf) would raise OverflowError)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+                isinstance(value, float) and not value.is_integer()
+            ):
                 raise ConfigError(f"run config '{self.key}' = {value!r}: expected an integer")
             return int(value)
         if kind is float:

@@ -38,7 +38,8 @@ from typing import Any
 
 import yaml
 
-from .config import ConfigError, RunConfig, parse_run_config
+from .config import ConfigError, RunConfig, did_you_mean, parse_run_config
+from .config_args import parse_items
 from .launch import PROJECT_DIR, LocalSuperLink
 from .results import SUMMARY_FILE, atomic_write_json
 
@@ -47,6 +48,10 @@ DEFAULT_FEDERATION = {"num-supernodes": 10, "client-resources-num-cpus": 1}
 # `grid`/`variants` so that e.g. the number of clients can be swept.
 FEDERATION_KEYS = ("num-supernodes", "client-resources-num-cpus", "client-resources-num-gpus")
 NAME_KEYS = ("dataset", "method", "partition", "dirichlet-beta", "shards-per-client", "seed")
+TOP_LEVEL_KEYS = ("name", "description", "base", "grid", "variants", "federation", "table")
+TABLE_KEYS = ("rows", "cols")
+#: What a table row/column may group by besides the run-config keys (report.config_value).
+TABLE_EXTRA_VALUES = ("method", "label")
 
 
 class PresetError(ValueError):
@@ -87,6 +92,53 @@ def run_name(overrides: dict[str, Any], varying: tuple[str, ...] = ()) -> str:
     return "-".join(str(p).replace("/", "_") for p in parts)
 
 
+def _mapping(path: Path, what: str, value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise PresetError(f"preset {path}: '{what}' must be a mapping of key: value, got {value!r}")
+    return dict(value)
+
+
+def _check_keys(path: Path, what: str, keys, allowed, extra: str = "") -> None:
+    """Every key of ``keys`` in ``allowed``, or a PresetError with a did-you-mean."""
+    allowed = list(allowed)
+    for key in keys:
+        if key not in allowed:
+            raise PresetError(
+                f"preset {path}: unknown {what} {key!r}{did_you_mean(str(key), allowed)}; "
+                f"allowed: {', '.join(allowed)}{extra}"
+            )
+
+
+def check_federation(path: Path, federation: dict[str, Any]) -> None:
+    """The federation settings a preset hands to ``flwr run --federation-config``."""
+    _check_keys(path, "federation key", federation, FEDERATION_KEYS)
+    for key, value in federation.items():
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if key == "num-supernodes" and not (number and int(value) == value and value >= 1):
+            raise PresetError(f"preset {path}: federation 'num-supernodes' = {value!r}: must be an integer >= 1")
+        if key == "client-resources-num-cpus" and not (number and value > 0):
+            raise PresetError(f"preset {path}: federation '{key}' = {value!r}: must be a number > 0")
+        if key == "client-resources-num-gpus" and not (number and value >= 0):
+            raise PresetError(f"preset {path}: federation '{key}' = {value!r}: must be a number >= 0")
+
+
+def _table_keys(path: Path, table: dict[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(rows, cols) of a preset's ``table``, each a run-config key or method/label."""
+    _check_keys(path, "table key", table, TABLE_KEYS)
+    allowed = list(dict.fromkeys([*TABLE_EXTRA_VALUES, *RunConfig().to_flower()]))
+    out = []
+    for part, default in (("rows", Preset.table_rows), ("cols", Preset.table_cols)):
+        keys = table.get(part, default)
+        keys = [keys] if isinstance(keys, str) else keys
+        if not isinstance(keys, (list, tuple)) or not keys or not all(isinstance(k, str) for k in keys):
+            raise PresetError(f"preset {path}: table '{part}' must be a non-empty list of run-config keys, got {keys!r}")
+        _check_keys(path, f"table {part} entry", keys, allowed)
+        out.append(tuple(keys))
+    return out[0], out[1]
+
+
 def load_preset(path: Path | str, *, sets: dict[str, Any] | None = None, seeds: list[int] | None = None) -> Preset:
     path = Path(path)
     try:
@@ -97,13 +149,25 @@ def load_preset(path: Path | str, *, sets: dict[str, Any] | None = None, seeds: 
         raise PresetError(f"preset {path} is not valid YAML: {err}") from None
     if not isinstance(spec, dict):
         raise PresetError(f"preset {path}: expected a mapping with 'base' and 'grid'")
-    unknown = set(spec) - {"name", "description", "base", "grid", "variants", "federation", "table"}
-    if unknown:
-        raise PresetError(f"preset {path}: unknown top-level keys {sorted(unknown)}")
-    base = dict(spec.get("base") or {})
+    _check_keys(path, "top-level key", spec, TOP_LEVEL_KEYS)
+    base = _mapping(path, "base", spec.get("base"))
     grids = spec.get("grid") or {}
-    grids = [dict(g or {}) for g in grids] if isinstance(grids, list) else [dict(grids)]
+    if isinstance(grids, list):
+        grids = [_mapping(path, "grid", g) for g in grids]
+    else:
+        grids = [_mapping(path, "grid", grids)]
     variants = spec.get("variants") or [{}]
+    if not isinstance(variants, list):
+        raise PresetError(f"preset {path}: 'variants' must be a list of mappings, got {variants!r}")
+    variants = [_mapping(path, "variants entry", v) for v in variants]
+    federation = _mapping(path, "federation", spec.get("federation"))
+    check_federation(path, federation)
+    table_rows, table_cols = _table_keys(path, _mapping(path, "table", spec.get("table")))
+    run_keys = list(RunConfig().to_flower())
+    for part, mapping in [("base", base), *(("grid", g) for g in grids), *(("variants", v) for v in variants),
+                          ("--set", sets or {})]:
+        _check_keys(path, f"key in {part}", mapping, [*run_keys, *FEDERATION_KEYS],
+                    " (run-config keys, or the federation keys)")
     combos = []
     for grid in grids:
         if seeds is not None:
@@ -121,6 +185,7 @@ def load_preset(path: Path | str, *, sets: dict[str, Any] | None = None, seeds: 
                 parse_run_config(split_federation(overrides)[0])
             except ConfigError as err:
                 raise PresetError(f"preset {path}: run {overrides}: {err}") from None
+            check_federation(path, split_federation(overrides)[1])
             runs.append(overrides)
     varying = tuple(sorted({k for r in runs for k in r if len({repr(x.get(k)) for x in runs}) > 1}))
     for r in runs:
@@ -128,14 +193,13 @@ def load_preset(path: Path | str, *, sets: dict[str, Any] | None = None, seeds: 
     names = [r["run-name"] for r in runs]
     if len(set(names)) != len(names):
         raise PresetError(f"preset {path}: two runs are identical (same settings); remove the duplicate")
-    table = spec.get("table") or {}
     return Preset(
         name=str(spec.get("name") or path.stem),
         path=path,
         runs=runs,
-        federation={**DEFAULT_FEDERATION, **(spec.get("federation") or {})},
-        table_rows=tuple(table.get("rows", Preset.table_rows)),
-        table_cols=tuple(table.get("cols", Preset.table_cols)),
+        federation={**DEFAULT_FEDERATION, **federation},
+        table_rows=table_rows,
+        table_cols=table_cols,
         description=str(spec.get("description") or ""),
     )
 
@@ -232,6 +296,13 @@ def run_preset(
         else:
             # resume=true: a run interrupted mid-way continues from its last checkpoint.
             todo.append(({**run_config, "output-dir": str(output_dir), "resume": True}, federation, identity))
+    from .check import check_output_dir
+
+    for run_config, _, _ in todo:  # a run folder that cannot be resumed: said now, not mid-sweep
+        try:
+            check_output_dir(parse_run_config(run_config))
+        except ValueError as err:  # ConfigError, RunFolderError (which file, what to do)
+            raise PresetError(f"preset {preset.path}: run {run_config['run-name']}: {err}") from None
     log(f"[sweep] {preset.name}: {len(preset.runs)} runs, {len(statuses)} already finished, {len(todo)} to run")
     if todo:
         with LocalSuperLink(output_dir / ".flwr-home") as link:
@@ -268,20 +339,23 @@ def select_runs(preset: Preset, only: dict[str, Any]) -> Preset:
     if not only:
         return preset
     defaults = RunConfig().to_flower()
+    _check_keys(preset.path, "--only key", only, [*defaults, *FEDERATION_KEYS])
     keep = [r for r in preset.runs if all(r.get(k, defaults.get(k)) == v for k, v in only.items())]
     if not keep:
         raise PresetError(f"--only {only}: no run of preset {preset.name} matches")
     return dataclasses.replace(preset, runs=keep)
 
 
-def _parse_sets(items: list[str]) -> dict[str, Any]:
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise PresetError(f"--set {item!r}: expected key=value")
-        out[key] = yaml.safe_load(value)
-    return out
+def _parse_sets(items: list[str], option: str = "--set") -> dict[str, Any]:
+    """``KEY=VALUE`` items (several per argument allowed, YAML values); an item without a
+    value or without ``=`` is an error naming it (fedvls_flwr.config_args)."""
+    def value(key: str, text: str) -> Any:
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise PresetError(f"{option} {key}={text}: the value is not valid YAML ({err})") from None
+
+    return parse_items(items, option, value)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -296,9 +370,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="list the runs and exit")
     args = parser.parse_args(argv)
     try:
-        seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
+        try:
+            seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
+        except ValueError:
+            raise PresetError(f"--seeds {args.seeds!r}: expected comma-separated integers, e.g. 0,1,2") from None
         preset = load_preset(args.preset, sets=_parse_sets(args.set), seeds=seeds)
-        preset = select_runs(preset, _parse_sets(args.only))
+        preset = select_runs(preset, _parse_sets(args.only, "--only"))
     except (PresetError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -311,6 +388,10 @@ def main(argv: list[str] | None = None) -> int:
         result = run_preset(preset, output_dir, timeout=args.timeout)
     except (PresetError, ConfigError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # e.g. a full disk: the path is in the message; finished runs are kept
+        print(f"error: {err}. Runs that finished are kept; free space (or choose another --output-dir "
+              "after moving the folder) and run the same command again to continue.", file=sys.stderr)
         return 2
     failed = [name for name, status in result["statuses"].items() if "failed" in status or "timeout" in status]
     return 1 if failed else 0

@@ -1,10 +1,14 @@
 """The pre-flight check (python -m fedvls_flwr.check) and the order of the ServerApp's work:
 the run config is validated before anything heavy is imported or any node is asked."""
 
+import gzip
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fedvls_flwr.check import main
@@ -23,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
          "shards_per_client=500"),
         (["--run-config", "dataset='synthetic' synthetic-clients=100", "--num-supernodes", "10"],
          "must equal num-supernodes = 10"),
-        (["--run-config", "method=="], "invalid format"),
+        (["--run-config", "method=="], "method== is not a TOML key=value item"),
     ],
 )
 def test_bad_configs_name_what_is_wrong(args, message, capsys):
@@ -75,3 +79,98 @@ def test_deploy_launcher_checks_before_starting_anything(args, message, capsys, 
     assert deploy.main(["local", "--insecure", "--nodes", "2", *args]) == 2
     err = capsys.readouterr().err
     assert "nothing started" in err and message in err
+
+
+# ---- issue 16: everything below fails in `check`, in seconds, not in the run -------------
+
+
+@pytest.mark.parametrize(
+    "run_config, message",
+    [
+        ("lr=", "'lr=' has no value"),                              # Flower: dropped, default lr used
+        ("lr", "'lr' is not key=value"),
+        ("lr=0.1 momentum", "'momentum' after 'lr=0.1' is not key=value"),
+        ("lr=inf", "'lr' = inf: must be a finite number"),           # was: ok, then NonFiniteLossError
+        ("momentum=nan", "'momentum' = nan: must be a finite number"),
+        ("seed=-1", "'seed' = -1: must be >= 0"),                    # was: ok, clients failed after 44 s
+        ("num-server-round=3", "did you mean 'num-server-rounds'?"),
+    ],
+)
+def test_check_rejects_what_used_to_pass(run_config, message, capsys):
+    assert main(["--run-config", run_config, "--no-data"]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cuda_on_a_machine_without_it_fails_unless_meant_for_another_machine(capsys, tmp_path):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    cfg = f"device='cuda' output-dir='{tmp_path}'"
+    assert main(["--run-config", cfg, "--no-data"]) == 2
+    err = capsys.readouterr().err
+    assert "'device' = 'cuda' but this machine has no CUDA device" in err and "--for-other-machine" in err
+    assert main(["--run-config", cfg, "--no-data", "--for-other-machine"]) == 0
+
+
+def test_output_dir_under_a_file_or_not_writable(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main(["--run-config", f"output-dir='{blocker}/runs'", "--no-data"]) == 2
+    assert f"{blocker} is a file, not a folder" in capsys.readouterr().err
+    assert main(["--run-config", f"output-dir='{blocker}'", "--no-data"]) == 2
+    assert f"{blocker} is a file; choose another output-dir" in capsys.readouterr().err
+    assert main(["--run-config", f"output-dir='{blocker}/runs'", "--no-data", "--for-other-machine"]) == 0
+    if os.geteuid() != 0:
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        assert main(["--run-config", f"output-dir='{locked}/runs'", "--no-data"]) == 2
+        assert f"{locked} is not writable" in capsys.readouterr().err
+
+
+def test_run_folder_that_already_holds_a_run(tmp_path, capsys):
+    (tmp_path / "r1").mkdir()
+    (tmp_path / "r1" / "state.json").write_text('{"round": 1}')
+    assert main(["--run-config", f"output-dir='{tmp_path}' run-name='r1'", "--no-data"]) == 2
+    assert "already holds a run; set resume=true" in capsys.readouterr().err
+
+
+def write_idx(path: Path, array: np.ndarray, magic: int) -> None:
+    header = magic.to_bytes(4, "big") + b"".join(d.to_bytes(4, "big") for d in array.shape)
+    with gzip.open(path, "wb") as handle:
+        handle.write(header + array.astype(np.uint8).tobytes())
+
+
+def test_dataset_with_a_label_out_of_range_is_named_not_an_assertion(tmp_path, capsys):
+    raw = tmp_path / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(10), 250)
+    labels[7] = 12  # one damaged label
+    write_idx(raw / "t10k-images-idx3-ubyte.gz", rng.integers(0, 256, (labels.size, 28, 28)), 2051)
+    write_idx(raw / "t10k-labels-idx1-ubyte.gz", labels, 2049)
+    t0 = time.perf_counter()
+    assert main(["--run-config", f"dataset='mnist10k' data-dir='{tmp_path}'"]) == 2
+    err = capsys.readouterr().err
+    assert f"mnist10k: the train split read from {tmp_path} has labels 0..12, 1 of them outside the 10 classes 0..9" in err
+    assert time.perf_counter() - t0 < 30
+
+
+def test_check_of_a_bad_config_is_fast():
+    """The rejected keys above cost no torch/Flower import: well under a second or two."""
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "fedvls_flwr.check", "--run-config", "lr="],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 2 and "'lr=' has no value" in out.stderr
+    assert time.perf_counter() - t0 < 5
+
+
+def test_deploy_launcher_rejects_what_flower_would_drop(capsys, monkeypatch):
+    from fedvls_flwr import deploy
+
+    monkeypatch.setattr(deploy.LocalSuperLink, "start", lambda *a, **k: pytest.fail("a process was started"))
+    assert deploy.main(["local", "--insecure", "--nodes", "2", "--run-config", "lr=0.1 momentum"]) == 2
+    err = capsys.readouterr().err
+    assert "nothing started" in err and "'momentum' after 'lr=0.1' is not key=value" in err
+    assert deploy.main(["local", "--insecure", "--nodes", "1", "--node-config", "partition-id=0 num-partitions="]) == 2
+    err = capsys.readouterr().err
+    assert "nothing started" in err and "--node-config: 'num-partitions=' after 'partition-id=0' has no value" in err

@@ -66,3 +66,41 @@ def test_paths(tmp_path, monkeypatch):
     assert resolve_path("runs") == tmp_path / "runs"
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert resolve_path("~/x") == tmp_path / "home" / "x"
+
+
+FLOAT_KEYS = sorted(k for k, v in RunConfig().to_flower().items() if isinstance(v, float))
+
+
+def test_every_float_key_is_covered():
+    # the list: lr, momentum, weight decay, lambdas, taus, betas, timeouts, ...
+    assert {"lr", "momentum", "weight-decay", "lambda-dis", "fedlc-tau", "fedntd-tau", "fedntd-beta",
+            "dirichlet-beta", "logit-weight", "paper-logit-weight", "round-timeout", "fraction-train",
+            "min-fit-fraction", "synthetic-alpha", "synthetic-beta"} <= set(FLOAT_KEYS)
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")], ids=["inf", "-inf", "nan"])
+@pytest.mark.parametrize("key", FLOAT_KEYS)
+def test_non_finite_floats_are_rejected(key, value):
+    with pytest.raises(ConfigError) as err:
+        parse_run_config({key: value})
+    assert f"run config '{key}' = {value!r}: must be a finite number" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ({"seed": -1}, "'seed' = -1: must be >= 0"),
+        ({"seed": float("inf")}, "'seed' = inf: expected an integer"),  # was an OverflowError
+        ({"local-epochs": float("nan")}, "'local-epochs' = nan: expected an integer"),
+        ({"num-server-round": 3}, "did you mean 'num-server-rounds'?"),
+        ({"lamda-dis": 0.1}, "did you mean 'lambda-dis'?"),
+        ({"datset": "digits"}, "did you mean 'dataset'?"),
+        ({"momentun": 0.5}, "did you mean 'momentum'?"),
+        ({"learning-rate": 0.1}, "did you mean 'lr'?"),
+        ({"num-supernodes": 10}, "'num-supernodes' is a federation setting"),
+    ],
+)
+def test_seed_integers_and_near_miss_keys(override, fragment):
+    with pytest.raises(ConfigError) as err:
+        parse_run_config(override)
+    assert fragment in str(err.value)

@@ -1,17 +1,20 @@
 """Failures in real simulations: a raising client, a NaN client, a killed server and resume,
-and an invalid run config that fails the run with a message naming the key."""
+a run folder moved between two sessions that resumes bit-identically, an invalid run config
+that fails the run with a message naming the key, and an unknown key that Flower's
+SuperLink refuses naming it only in its log."""
 
 import json
 import os
+import shutil
 import signal
 import time
 
 import pytest
 
-from fedvls_flwr.launch import LocalSuperLink
+from fedvls_flwr.launch import PROJECT_DIR, LocalSuperLink
 from fedvls_flwr.results import read_rounds
 from tests.fault_injection import FAULT_ENV, MODS
-from tests.processes import processes_with_home
+from tests.processes import assert_none_left, processes_with_home
 
 pytestmark = pytest.mark.e2e
 
@@ -73,3 +76,54 @@ def test_invalid_run_config_fails_the_run_with_the_key_named(tmp_path):
         outcome = link.wait(link.submit(run_config=cfg, federation_config=FEDERATION), timeout=120)
     assert outcome.status == "finished:failed"
     assert "'dirichlet-beta' = -1.0: must be > 0" in outcome.log
+
+
+def test_moved_run_folder_resumes_bit_identical_to_an_uninterrupted_run(tmp_path):
+    """Issue 16, items 7 and 8: a run stopped after 2 rounds (as on a full disk), its folder
+    moved to another output-dir, resumed there: the same rounds.jsonl accuracies and losses as
+    a run that was never interrupted, and the same final model, bit for bit."""
+    n = 4
+    straight = {**BASE, "num-server-rounds": n, "output-dir": str(tmp_path / "straight"), "run-name": "r"}
+    first = {**straight, "num-server-rounds": 2, "output-dir": str(tmp_path / "disk1"), "resume": True}
+    moved = {**straight, "output-dir": str(tmp_path / "disk2"), "resume": True}
+    with LocalSuperLink(tmp_path / "home") as link:
+        for cfg in (straight, first):
+            outcome = link.wait(link.submit(run_config=cfg, federation_config=FEDERATION), timeout=300)
+            assert outcome.completed, outcome.log[-3000:]
+        (tmp_path / "disk2").mkdir()
+        shutil.move(tmp_path / "disk1" / "r", tmp_path / "disk2" / "r")
+        outcome = link.wait(link.submit(run_config=moved, federation_config=FEDERATION), timeout=300)
+        assert outcome.completed, outcome.log[-3000:]
+    assert_none_left((), tmp_path / "home")
+
+    def metrics(run_dir):
+        return [(r["round"], r["accuracy"], r["loss"], r["per_class_accuracy"]) for r in read_rounds(run_dir)]
+
+    resumed_dir, straight_dir = tmp_path / "disk2" / "r", tmp_path / "straight" / "r"
+    assert [m[0] for m in metrics(resumed_dir)] == list(range(n + 1))
+    assert metrics(resumed_dir) == metrics(straight_dir)
+    assert json.loads((resumed_dir / "summary.json").read_text())["resumed_after_round"] == 2
+    import numpy as np
+
+    with np.load(resumed_dir / "model_final.npz") as a, np.load(straight_dir / "model_final.npz") as b:
+        assert sorted(a.files) == sorted(b.files)
+        for key in a.files:
+            np.testing.assert_array_equal(a[key], b[key])
+
+
+def test_unknown_key_is_named_only_in_the_superlink_log_and_by_check(tmp_path):
+    """What the README says about a typo through plain `flwr run`: the CLI shows only
+    "[code: 15] Invalid run configuration", the SuperLink's log names the key, and
+    `python -m fedvls_flwr.check` names it with a did-you-mean."""
+    with LocalSuperLink(tmp_path / "home") as link:
+        res = link.flwr("run", str(PROJECT_DIR), link.connection, "--run-config", "lamda-dis=0.1")
+        log = (tmp_path / "home" / "superlink.log").read_text(errors="replace")
+    assert res.returncode != 0 and "Invalid run configuration" in res.stdout + res.stderr
+    assert "lamda-dis" not in res.stdout + res.stderr
+    assert "Could not start run: Key 'lamda-dis' is not present in the main dictionary" in log
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "fedvls_flwr.check", "--run-config", "lamda-dis=0.1"],
+                         capture_output=True, text=True, cwd=PROJECT_DIR)
+    assert out.returncode == 2 and "unknown run config key 'lamda-dis' (did you mean 'lambda-dis'?)" in out.stderr

@@ -72,7 +72,7 @@ def test_tiny_preset_runs_end_to_end_and_its_table_matches_the_summaries(tmp_pat
     rows = read_csv(csv_path)
     assert list(rows[0]) == [
         "dataset", "partition", "dirichlet-beta", "method", "n", "best_mean", "best_std",
-        "final_mean", "final_std", "seeds", "best_per_seed", "final_per_seed",
+        "final_mean", "final_std", "seeds", "best_per_seed", "final_per_seed", "excluded", "dropped_share",
     ]
     by_label = {row["method"]: row for row in rows}
     assert len(rows) == len(by_label) == 2
@@ -81,6 +81,7 @@ def test_tiny_preset_runs_end_to_end_and_its_table_matches_the_summaries(tmp_pat
         row = by_label[method_label(summary["config"])]
         assert (row["dataset"], row["partition"], float(row["dirichlet-beta"])) == ("digits", "dirichlet", 0.5)
         assert (row["n"], row["seeds"], row["best_std"], row["final_std"]) == ("1", "0", "0.0", "0.0")
+        assert row["excluded"] == "" and 0.0 <= float(row["dropped_share"]) <= 1.0
         best, final = 100 * summary["best_accuracy"], 100 * summary["final_accuracy"]
         assert float(row["best_mean"]) == pytest.approx(best, abs=1e-9, rel=0)
         assert float(row["final_mean"]) == pytest.approx(final, abs=1e-9, rel=0)

@@ -53,6 +53,93 @@ def test_missing_data_or_impossible_split_fails_before_any_superlink(tmp_path, b
         sweep.run_preset(load_preset(bad), tmp_path / "out", report=False)
 
 
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        # was: passed --dry-run, then a Python traceback from `flwr run --federation-config`
+        ("federation: {num-supernode: 10}", "unknown federation key 'num-supernode' (did you mean 'num-supernodes'?)"),
+        ("federation: {num-supernodes: 0}", "federation 'num-supernodes' = 0: must be an integer >= 1"),
+        ("federation: {client-resources-num-cpus: -1}", "'client-resources-num-cpus' = -1: must be a number > 0"),
+        # were: accepted silently, a table column of dashes
+        ("table: {rows: [datset], cols: [method]}", "unknown table rows entry 'datset' (did you mean 'dataset'?)"),
+        ("table: {rows: [dataset], colums: [method]}", "unknown table key 'colums' (did you mean 'cols'?)"),
+        ("table: {rows: [], cols: [method]}", "table 'rows' must be a non-empty list"),
+        ("tabel: {rows: [dataset]}", "unknown top-level key 'tabel' (did you mean 'table'?)"),
+        ("variants: [{num-supernode: 3}]", "unknown key in variants 'num-supernode' (did you mean 'num-supernodes'?)"),
+        ("variants: {use-dis: false}", "'variants' must be a list of mappings"),
+    ],
+)
+def test_preset_typos_fail_at_load_with_a_did_you_mean(tmp_path, extra, message):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"base: {{dataset: digits}}\ngrid: {{method: [fedavg]}}\n{extra}\n")
+    with pytest.raises(PresetError) as err:
+        load_preset(bad)
+    assert message in str(err.value)
+
+
+def test_grid_key_typo_names_run_config_and_federation_keys(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("base: {dataset: digits}\ngrid: {method: [fedavg], num-supernode: [3, 5]}\n")
+    with pytest.raises(PresetError, match="unknown key in grid 'num-supernode' \\(did you mean 'num-supernodes'\\?\\)"):
+        load_preset(bad)
+    good = tmp_path / "good.yaml"
+    good.write_text("base: {dataset: digits}\ngrid: {method: [fedavg], num-supernodes: [3, 5]}\n"
+                    "table: {rows: [dataset, num-server-rounds], cols: [label]}\n")
+    preset = load_preset(good)
+    assert [r["num-supernodes"] for r in preset.runs] == [3, 5]
+    assert (preset.table_rows, preset.table_cols) == (("dataset", "num-server-rounds"), ("label",))
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--set", "lr="], "--set: 'lr=' has no value"),
+        (["--set", "lr=0.1 momentum"], "--set: 'momentum' after 'lr=0.1' is not key=value"),
+        (["--set", "lr"], "--set: 'lr' is not key=value"),
+        (["--set", "lamda-dis=0.2"], "unknown key in --set 'lamda-dis' (did you mean 'lambda-dis'?)"),
+        (["--only", "datset=digits"], "unknown --only key 'datset' (did you mean 'dataset'?)"),
+        (["--seeds", "0,one"], "--seeds '0,one': expected comma-separated integers"),
+    ],
+)
+def test_sweep_command_line_rejects_bad_overrides(args, message, capsys):
+    from fedvls_flwr.sweep import main
+
+    assert main([str(CONF / "mnist10k-dir0.05.yaml"), "--dry-run", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_sweep_set_takes_several_items_and_yaml_values(capsys):
+    from fedvls_flwr.sweep import main
+
+    assert main([str(CONF / "mnist10k-dir0.05.yaml"), "--dry-run", "--set", "lr=0.05 use-dis=false",
+                 "--set", "run-name-suffix=x"]) == 2  # an unknown key still fails
+    assert main([str(CONF / "mnist10k-dir0.05.yaml"), "--dry-run", "--set", "lr=0.05 use-dis=false"]) == 0
+    out = capsys.readouterr().out
+    assert '"lr": 0.05' in out and '"use-dis": false' in out
+
+
+def test_damaged_run_folder_fails_before_any_superlink(tmp_path, monkeypatch):
+    """A half-finished run the sweep would resume, with a truncated checkpoint: named at
+    once, not after a SuperLink and Ray started and the run failed."""
+    import json
+
+    from fedvls_flwr import sweep
+
+    monkeypatch.setattr(sweep.LocalSuperLink, "start", lambda *a, **k: pytest.fail("a SuperLink was started"))
+    path = tmp_path / "p.yaml"
+    path.write_text("base: {dataset: digits, num-server-rounds: 2}\ngrid: {method: [fedavg]}\n")
+    preset = load_preset(path)
+    out = (tmp_path / "out").resolve()
+    run = {**sweep.split_federation(preset.runs[0])[0], "output-dir": str(out), "resume": True}
+    folder = out / run["run-name"]
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(parse_run_config(run).to_flower()))
+    (folder / "state.json").write_text('{"round": 1}')
+    (folder / "checkpoint.npz").write_bytes(b"PK\x03\x04 torn")
+    with pytest.raises(PresetError, match=f"run {run['run-name']}: resume: {folder / 'checkpoint.npz'} is damaged"):
+        sweep.run_preset(preset, out, report=False)
+
+
 def test_sweep_reuses_identical_finished_runs_and_refuses_a_folder_with_other_settings(tmp_path):
     """A planned run that finished under another name is not run again (also when that run
     was made by a version that did not know some keys yet: they ran at their defaults); a

@@ -146,7 +146,7 @@ def _load_cached(name: str, data_dir: str, download: bool) -> DatasetBundle:
     root = Path(data_dir)
     loader = _LOADERS[name]
     bundle = loader(root, download)
-    check_bundle(bundle)
+    check_bundle(bundle, root)
     return bundle
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -66,8 +67,9 @@ class ImageFormat:
 
 
 
-def check_bundle(b: DatasetBundle) -> None:
-    """Internal consistency of a freshly built bundle (cheap)."""
+def check_bundle(b: DatasetBundle, root: Path | None = None) -> None:
+    """Internal consistency of a freshly built bundle (cheap). Labels outside the classes
+    come from the files (damaged, or another dataset's): DatasetNotFoundError."""
     for split, x, y in (("train", b.train_x, b.train_y), ("test", b.test_x, b.test_y)):
         if x.shape[0] != y.shape[0]:
             raise AssertionError(f"{b.name}: {split} has {x.shape[0]} images but {y.shape[0]} labels")
@@ -76,7 +78,14 @@ def check_bundle(b: DatasetBundle) -> None:
         if y.dtype != torch.int64:
             raise AssertionError(f"{b.name}: {split} labels are {y.dtype}, expected int64")
         if y.numel() and (int(y.min()) < 0 or int(y.max()) >= b.num_classes):
-            raise AssertionError(f"{b.name}: {split} labels outside [0, {b.num_classes})")
+            bad = int(((y < 0) | (y >= b.num_classes)).sum())
+            where = f" read from {root}" if root is not None else ""
+            raise DatasetNotFoundError(
+                f"{b.name}: the {split} split{where} has labels {int(y.min())}..{int(y.max())}, {bad} of them "
+                f"outside the {b.num_classes} classes 0..{b.num_classes - 1}: the dataset's label files "
+                f"there are damaged or are not {b.name}'s. Replace them with intact copies (or point "
+                "data-dir elsewhere)."
+            )
     if len(b.class_names) != b.num_classes:
         raise AssertionError(f"{b.name}: {len(b.class_names)} class names for {b.num_classes} classes")
 

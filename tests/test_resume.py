@@ -1,0 +1,311 @@
+"""The server's result files under damage and a full disk, with a fake Grid (no Flower
+processes): every damaged file is named with what to do, what the other files allow is
+repaired, a moved run folder resumes, a full disk loses nothing and says how to go on,
+and a resumed run gives the same rounds as an uninterrupted one, bit for bit."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.app.metadata import Metadata
+from flwr.supercore.task_identity import TaskIdentity
+
+from fedvls_flwr import results
+from fedvls_flwr.check import main as check_main
+from fedvls_flwr.config import ConfigError, RunConfig
+from fedvls_flwr.protocol import ARRAYS as ARRAYS_KEY
+from fedvls_flwr.protocol import CONFIG as CONFIG_KEY
+from fedvls_flwr.protocol import METRICS as METRICS_KEY
+from fedvls_flwr.protocol import NUM_EXAMPLES, SERVER_ROUND, TRAIN_LOSS
+from fedvls_flwr.results import RunFolderError, load_checkpoint, read_rounds
+from fedvls_flwr.server import ResultsWriteError, _resume_point, run_experiment
+
+ROUNDS = 4
+
+
+@pytest.fixture(autouse=True, scope="module")
+def run_identity():
+    """Messages need a run identity (as in tests/test_strategy.py)."""
+    old = TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+    yield
+    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = old
+
+
+class TrainingGrid:
+    """Every node answers with the broadcast weights moved by a fixed function of (node,
+    round): deterministic like the real clients, so a resumed run must match bit for bit."""
+
+    def __init__(self, nodes=(11, 12, 13)):
+        self.nodes = list(nodes)
+
+    def get_node_ids(self):
+        return list(self.nodes)
+
+    def send_and_receive(self, messages, timeout=None):
+        replies = []
+        for msg in messages:
+            node = msg.metadata.dst_node_id
+            server_round = int(msg.content[CONFIG_KEY][SERVER_ROUND])
+            rng = np.random.default_rng([node, server_round])
+            arrays = {}
+            for key, arr in msg.content[ARRAYS_KEY].items():
+                value = arr.numpy()
+                if value.dtype.kind == "f":
+                    value = (value + 0.05 * rng.standard_normal(value.shape)).astype(value.dtype)
+                arrays[key] = Array(np.require(value, requirements="C"))
+            meta = Metadata(
+                run_id=1, message_id=f"r{node}-{server_round}", src_node_id=node, dst_node_id=0,
+                reply_to_message_id="x", group_id="1", created_at=time.time(), ttl=60.0, message_type="train",
+            )
+            content = RecordDict({
+                ARRAYS_KEY: ArrayRecord(arrays),
+                METRICS_KEY: MetricRecord({NUM_EXAMPLES: 10 + node, TRAIN_LOSS: float(server_round)}),
+            })
+            replies.append(Message(content, metadata=meta))
+        return replies
+
+
+def config(out: Path, **changes) -> RunConfig:
+    settings = dict(dataset="digits", num_server_rounds=ROUNDS, output_dir=str(out), run_name="r", resume=True)
+    return RunConfig(**{**settings, **changes})
+
+
+def accuracies(run_dir: Path) -> list[tuple[int, float, float]]:
+    return [(r["round"], r["accuracy"], r["loss"]) for r in read_rounds(run_dir)]
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> tuple[Path, list]:
+    """An uninterrupted run: the reference every resumed run must equal."""
+    out = tmp_path_factory.mktemp("straight")
+    run_dir = run_experiment(TrainingGrid(), config(out, resume=False))
+    return run_dir, accuracies(run_dir)
+
+
+def partial(out: Path, rounds: int) -> Path:
+    """A run stopped after ``rounds`` rounds (as a killed server leaves it, without summary)."""
+    run_dir = run_experiment(TrainingGrid(), config(out, num_server_rounds=rounds))
+    (run_dir / "summary.json").unlink()
+    (run_dir / "model_final.npz").unlink()
+    return run_dir
+
+
+def test_uninterrupted_reference_is_sane(straight):
+    run_dir, rounds = straight
+    assert [r for r, _, _ in rounds] == list(range(ROUNDS + 1))
+    assert len({acc for _, acc, _ in rounds}) > 1  # the model does change from round to round
+    assert load_checkpoint(run_dir / "checkpoint.npz")[0] == ROUNDS
+
+
+# ---- item 7: a moved run folder resumes (output-dir is not the run's identity) -----------
+
+
+def test_moved_run_folder_resumes_bit_identical(tmp_path, straight):
+    run_dir = partial(tmp_path / "disk1", 2)
+    moved = tmp_path / "disk2" / "r"
+    moved.parent.mkdir()
+    shutil.move(run_dir, moved)
+    # before: "resume: the run ... was started with other settings for ['output-dir']"
+    out = run_experiment(TrainingGrid(), config(tmp_path / "disk2"))
+    assert out == moved
+    assert accuracies(moved) == straight[1]
+    summary = json.loads((moved / "summary.json").read_text())
+    assert summary["resumed_after_round"] == 2 and summary["run_dir"] == str(moved)
+
+
+def test_other_settings_are_still_refused(tmp_path):
+    partial(tmp_path, 1)
+    with pytest.raises(RunFolderError, match=r"other settings \(lr: 0.01 -> 0.5\)"):
+        _resume_point(config(tmp_path, lr=0.5), tmp_path / "r")
+
+
+# ---- item 6: damaged files ------------------------------------------------------------------
+
+
+def test_torn_last_line_of_rounds_after_the_checkpoint_is_dropped(tmp_path, straight, caplog):
+    run_dir = partial(tmp_path, 2)
+    # the server was writing round 3's line when the machine died (a non-atomic copy, a
+    # filesystem without atomic rename): half a line after round 2
+    line = json.dumps({"round": 3, "accuracy": 0.5, "loss": 1.0})
+    with (run_dir / "rounds.jsonl").open("a") as handle:
+        handle.write(line[: len(line) // 2])
+    with caplog.at_level(logging.WARNING):
+        done, arrays, rounds = _resume_point(config(tmp_path), run_dir)  # before: JSONDecodeError
+    assert done == 2 and [r["round"] for r in rounds] == [0, 1, 2]
+    assert "torn line(s)" in caplog.text and "rounds.jsonl" in caplog.text
+    run_experiment(TrainingGrid(), config(tmp_path))
+    assert accuracies(run_dir) == straight[1]
+
+
+def test_torn_line_the_checkpoint_covers_is_named(tmp_path, capsys):
+    run_dir = partial(tmp_path, 2)
+    text = (run_dir / "rounds.jsonl").read_text()
+    (run_dir / "rounds.jsonl").write_text(text[: len(text) - 40])  # round 2's line torn
+    with pytest.raises(RunFolderError) as err:
+        _resume_point(config(tmp_path), run_dir)
+    msg = str(err.value)
+    assert f"{run_dir / 'rounds.jsonl'} does not hold rounds 0..2" in msg and "round(s) [2] are missing" in msg
+    assert "Restore rounds.jsonl" in msg
+    # the same message from `check`, in seconds, before any run is submitted
+    assert check_main(["--run-config", f"output-dir='{tmp_path}' run-name='r' resume=true", "--no-data"]) == 2
+    assert "does not hold rounds 0..2" in capsys.readouterr().err
+
+
+def test_truncated_checkpoint_is_named(tmp_path):
+    run_dir = partial(tmp_path, 2)
+    data = (run_dir / "checkpoint.npz").read_bytes()
+    (run_dir / "checkpoint.npz").write_bytes(data[: len(data) // 2])
+    with pytest.raises(RunFolderError) as err:  # before: zipfile.BadZipFile, no file named
+        _resume_point(config(tmp_path), run_dir)
+    msg = str(err.value)
+    assert f"{run_dir / 'checkpoint.npz'} is damaged (BadZipFile" in msg
+    assert "global model of round 2" in msg and "another run-name" in msg
+
+
+def test_garbage_state_is_repaired_from_checkpoint_and_rounds(tmp_path, straight, caplog):
+    run_dir = partial(tmp_path, 2)
+    (run_dir / "state.json").write_text("\x00\x00garbage")
+    with caplog.at_level(logging.WARNING):
+        done, _, _ = _resume_point(config(tmp_path), run_dir)  # before: JSONDecodeError
+    assert done == 2
+    assert "state.json is unreadable" in caplog.text and "checkpoint.npz records round 2" in caplog.text
+    run_experiment(TrainingGrid(), config(tmp_path))
+    assert accuracies(run_dir) == straight[1]
+    assert json.loads((run_dir / "state.json").read_text()) == {"round": ROUNDS}
+
+
+def test_state_one_round_behind_the_checkpoint_continues_after_the_checkpoint(tmp_path, straight):
+    """Killed between writing checkpoint.npz and state.json: the checkpoint is round 3, state
+    says 2. Before, the server took round 2 with round 3's weights and re-ran round 3 on them."""
+    run_dir = partial(tmp_path, 3)
+    (run_dir / "state.json").write_text('{"round": 2}')
+    done, _, rounds = _resume_point(config(tmp_path), run_dir)
+    assert done == 3 and [r["round"] for r in rounds] == [0, 1, 2, 3]
+    run_experiment(TrainingGrid(), config(tmp_path))
+    assert accuracies(run_dir) == straight[1]
+
+
+def test_garbage_state_with_an_old_checkpoint_is_not_guessed(tmp_path):
+    run_dir = partial(tmp_path, 2)
+    _, arrays = load_checkpoint(run_dir / "checkpoint.npz")
+    results.save_arrays(run_dir / "checkpoint.npz", arrays)  # the format before the round stamp
+    assert _resume_point(config(tmp_path), run_dir)[0] == 2  # state.json says which round
+    (run_dir / "state.json").write_text("{")
+    with pytest.raises(RunFolderError) as err:
+        _resume_point(config(tmp_path), run_dir)
+    msg = str(err.value)
+    assert f"{run_dir / 'state.json'} is unreadable" in msg and "does not record its round" in msg
+    assert 'write {"round": N} into state.json' in msg
+
+
+def test_inconsistent_state_and_checkpoint_are_refused(tmp_path):
+    run_dir = partial(tmp_path, 3)
+    (run_dir / "state.json").write_text('{"round": 1}')
+    with pytest.raises(RunFolderError, match="state.json says round 1 but .*checkpoint.npz holds round 3"):
+        _resume_point(config(tmp_path), run_dir)
+
+
+def test_garbage_config_json(tmp_path, caplog):
+    run_dir = partial(tmp_path, 2)
+    (run_dir / "config.json").write_text("not json")
+    with pytest.raises(RunFolderError, match="config.json is unreadable .* cannot be compared"):
+        _resume_point(config(tmp_path), run_dir)
+    # a failed run's summary.json holds the config too: used when config.json is damaged
+    (run_dir / "summary.json").write_text(json.dumps({"config": config(tmp_path).to_flower()}))
+    with caplog.at_level(logging.WARNING):
+        assert _resume_point(config(tmp_path), run_dir)[0] == 2
+    assert "compared the settings with the copy in summary.json" in caplog.text
+
+
+def test_not_resuming_a_folder_that_holds_a_run_is_refused(tmp_path):
+    partial(tmp_path, 1)
+    with pytest.raises(ConfigError, match="already holds a run; set resume=true"):
+        _resume_point(config(tmp_path, resume=False), tmp_path / "r")
+
+
+# ---- item 8: a full disk ----------------------------------------------------------------------
+
+
+def full_disk_at(monkeypatch, name: str, nth: int = 1) -> None:
+    """The ``nth`` write of result file ``name`` fails in fsync with ENOSPC, as on a full
+    disk (smaller writes after it may still fit, as summary.json did in the issue)."""
+    real_write, real_fsync = results.atomic_write_bytes, results.os.fsync
+    seen = {"count": 0, "failing": False}
+
+    def write(path, data):
+        seen["failing"] = False
+        if Path(path).name == name:
+            seen["count"] += 1
+            seen["failing"] = seen["count"] == nth
+        return real_write(path, data)
+
+    def fsync(fd):
+        if seen["failing"]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_fsync(fd)
+
+    monkeypatch.setattr(results, "atomic_write_bytes", write)
+    monkeypatch.setattr(results.os, "fsync", fsync)
+
+
+@pytest.mark.parametrize("failing", ["checkpoint.npz", "rounds.jsonl", "state.json"])
+def test_full_disk_in_round_3_names_the_file_and_loses_nothing(tmp_path, monkeypatch, straight, failing):
+    full_disk_at(monkeypatch, failing, 4 if failing == "rounds.jsonl" else 3)  # rounds.jsonl: round 0 too
+    with pytest.raises(ResultsWriteError) as err:
+        run_experiment(TrainingGrid(), config(tmp_path, resume=False))
+    monkeypatch.undo()
+    run_dir = tmp_path / "r"
+    msg = str(err.value)
+    assert msg.startswith(f"could not write {run_dir / failing}: No space left on device.")
+    assert "The results up to round 2 of 4 are complete and safe" in msg
+    assert "resume=true run-name='r'" in msg and "move the folder" in msg
+    summary = json.loads((run_dir / "summary.json").read_text())
+    # before: rounds_completed 3 (the round in memory) while the checkpoint held round 2
+    assert summary["status"] == "failed" and summary["rounds_completed"] == 2
+    assert summary["final_round"] == 2
+    ck_round = load_checkpoint(run_dir / "checkpoint.npz")[0]
+    assert ck_round in (2, 3)  # 3 when only state.json failed: rounds.jsonl and checkpoint agree
+    # free space (or move the folder, see the moved-folder test) and resume: same rounds
+    run_experiment(TrainingGrid(), config(tmp_path))
+    assert accuracies(run_dir) == straight[1]
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+
+
+def test_full_disk_at_the_final_files(tmp_path, monkeypatch, straight):
+    full_disk_at(monkeypatch, "model_final.npz")
+    with pytest.raises(ResultsWriteError, match=r"All 4 rounds are complete and safe .* To write them"):
+        run_experiment(TrainingGrid(), config(tmp_path, resume=False))
+    monkeypatch.undo()
+    run_experiment(TrainingGrid(), config(tmp_path))  # resume writes the final model and summary
+    run_dir = tmp_path / "r"
+    assert accuracies(run_dir) == straight[1]
+    final, reference = (results.load_arrays(d / "model_final.npz") for d in (run_dir, straight[0]))
+    assert final.keys() == reference.keys()
+    for key in final:
+        np.testing.assert_array_equal(final[key], reference[key])
+
+
+def test_full_disk_before_any_round(tmp_path, monkeypatch):
+    full_disk_at(monkeypatch, "config.json")
+    with pytest.raises(ResultsWriteError, match="could not write .*config.json: No space left on device. No round"):
+        run_experiment(TrainingGrid(), config(tmp_path, resume=False))
+
+
+def test_writer_keeps_only_what_reached_the_disk(tmp_path, monkeypatch):
+    writer = results.RunWriter(tmp_path)
+    writer.append_round({"round": 0})
+    monkeypatch.setattr(results.os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left on device")))
+    with pytest.raises(OSError) as err:
+        writer.append_round({"round": 1})
+    assert err.value.errno == errno.ENOSPC and err.value.filename == str(tmp_path / "rounds.jsonl")
+    assert writer.rounds == [{"round": 0}] and read_rounds(tmp_path) == [{"round": 0}]
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
