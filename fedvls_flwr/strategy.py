@@ -264,6 +264,9 @@ class CheckedFedAvg(FedAvg):
             self.report.failed.append(self._who(node_id, "no reply before round-timeout"))
             if node_id is not None:
                 log(WARNING, "round %d: no reply from %s before round-timeout", server_round, self._name(node_id))
+        # Sum in partition order, not arrival order: float sums then do not depend on which
+        # client happened to finish first, so a run (and its resume) is reproducible bit for bit.
+        accepted.sort(key=lambda r: (self.partitions.get(int(r.client), math.inf), r.client))
         self.report.accepted = len(accepted)
         if accepted and reference is not None:
             self.report.drift_diversity = drift_diversity([r.arrays for r in accepted], reference)

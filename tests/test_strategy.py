@@ -312,3 +312,21 @@ def test_train_messages_go_out_largest_client_first_once_sizes_are_known():
     grid = FakeGrid(list(sizes), lambda node, attempt: reply(node, arrays(1.0), sizes[node]))
     CheckedFedAvg(RunConfig(num_server_rounds=2)).run(grid, initial(), on_round_end=lambda *a: None)
     assert [m.metadata.dst_node_id for m in grid.sent[1]] == [12, 13, 11]
+
+
+def test_average_does_not_depend_on_the_order_replies_arrive_in():
+    """Float sums depend on their order; the strategy sums in partition order."""
+    rng = np.random.default_rng(0)
+    clients = [(node, rng.normal(size=(2, 2)).astype(np.float32), float(rng.integers(1, 100))) for node in range(11, 19)]
+
+    def aggregate(order):
+        strategy = CheckedFedAvg(RunConfig())
+        strategy.report.sampled = len(order)
+        replies = [reply(n, {"w": w, "b": np.zeros(2, np.float32)}, size, **{"partition-id": n - 11})
+                   for n, w, size in order]
+        return to_numpy_dict(strategy.aggregate_train(1, replies, GLOBAL)[0])["w"]
+
+    first = aggregate(clients)
+    for _ in range(5):
+        shuffled = [clients[i] for i in rng.permutation(len(clients))]
+        assert np.array_equal(first, aggregate(shuffled))
