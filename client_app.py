@@ -4,8 +4,10 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from fedvls_flwr.client import evaluate_round, train_round
+from fedvls_flwr.supernode_guard import exit_with_supernode
 
 app = ClientApp()
+exit_with_supernode()  # deployment: stop training for a SuperNode that was killed
 
 
 @app.train()
