@@ -139,7 +139,12 @@ def run_experiment(grid: Grid, cfg: RunConfig) -> Path:
 
     if saved_arrays is None:
         initial = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
-        writer.append_round({"round": 0, **evaluate_global(initial), "seconds": 0.0})
+        round0 = evaluate_global(initial)
+        writer.append_round({"round": 0, **round0, "seconds": 0.0})
+        if evaluation == "federated" and not round0.get("eval_nodes"):
+            log(WARNING, "fedvls: no node evaluated the initial model - none holds a local test split "
+                "(node config test-fraction > 0): this run evaluates nothing and every round reports "
+                "accuracy n/a, unless a node with a test split joins later")
     else:
         initial = to_array_record(saved_arrays)
         log(INFO, "fedvls: resuming after round %d of %d", start_round, cfg.num_server_rounds)
