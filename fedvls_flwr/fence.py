@@ -68,13 +68,16 @@ def require_nginx() -> str:
 def server_block(
     *, listen: str, superlink_port: int, server_cert: Path, server_key: Path, ca_cert: Path,
     access_log: Path | str = "/var/log/nginx/fedvls-fence.access.log",
+    error_log: Path | str = "/var/log/nginx/fedvls-fence.error.log",
 ) -> str:
     """The nginx ``upstream`` + ``server`` blocks (http context) of the fence.
 
     ``listen``: the public ``host:port`` SuperNodes and the operator dial. The SuperLink
     must run with ``--host 127.0.0.1 --port <superlink_port>`` and TLS with a certificate
     whose subjectAltName includes ``DNS:localhost`` (nginx verifies it by that name) and
-    ``IP:127.0.0.1`` (the SuperLink's own SuperExec dials that address).
+    ``IP:127.0.0.1`` (the SuperLink's own SuperExec dials that address). ``error_log`` is
+    kept at level info: a SuperNode or operator whose TLS handshake fails (e.g. a wrong CA
+    file) leaves no trace in the SuperLink's log, but a line here naming its address.
     """
     upstream = f"fedvls_superlink_{superlink_port}"
     return f"""\
@@ -99,6 +102,7 @@ server {{
     ssl_verify_client optional;
     ssl_verify_depth 2;
     access_log {access_log} fedvls_fence;
+    error_log {error_log} info;      # failed TLS handshakes: "alert unknown ca", client address
 
     client_max_body_size 0;          # model updates and app bundles
     proxy_http_version 1.1;
@@ -141,7 +145,7 @@ def standalone_config(prefix: Path, body: str) -> str:
 {user}worker_processes 1;
 daemon off;
 pid {prefix / 'nginx.pid'};
-error_log {prefix / 'error.log'} info;
+error_log {prefix / 'error.log'} notice;
 events {{ worker_connections 1024; }}
 http {{
     client_body_temp_path {temp / 'body'};
@@ -169,6 +173,7 @@ def write_standalone_config(
     body = server_block(
         listen=listen, superlink_port=superlink_port, server_cert=Path(server_cert).resolve(),
         server_key=Path(server_key).resolve(), ca_cert=Path(ca_cert).resolve(), access_log=prefix / "access.log",
+        error_log=prefix / "error.log",
     )
     conf = prefix / "nginx.conf"
     conf.write_text(standalone_config(prefix, body))
