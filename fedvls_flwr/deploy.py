@@ -1,23 +1,32 @@
-"""Deployment helpers: TLS certificates and SuperNode keys, and a one-machine launcher.
+"""Deployment helpers: certificates and keys, the fence, and a one-machine launcher.
 
-Two commands (see docs/deployment.md for the step-by-step guide on separate machines)::
+Commands (see docs/deployment.md for the step-by-step guide on separate machines)::
 
-    # a CA, a SuperLink certificate for the given hosts/IPs, and one SuperNode key pair per node
+    # a one-machine trial: CA, SuperLink certificate (SAN: the hosts + 127.0.0.1, localhost),
+    # an operator client certificate and SuperNode key pairs, all in one folder
     python -m fedvls_flwr.deploy certs OUT_DIR --host 10.0.0.5 [--host superlink.lab.org] --nodes 2
 
-    # a SuperLink + N SuperNodes on 127.0.0.1 (TLS + SuperNode authentication unless
-    # --insecure), `flwr run . <connection> --stream`, the run's final status, then every
-    # process it started is stopped (also on Ctrl-C, SIGTERM and failures)
+    # SuperLink on 127.0.0.1 behind the nginx fence, N SuperNodes dialing the fence (TLS,
+    # SuperNode authentication and fence unless --no-fence / --insecure), our flwr
+    # commands through the operator link, `flwr run . <connection> --stream`, the run's
+    # final status, then every process it started is stopped (also on Ctrl-C, SIGTERM, failures)
     python -m fedvls_flwr.deploy local --nodes 2 --run-config "num-server-rounds=3"
 
     # where a round's seconds went, from the timestamped logs of `local --debug-logs`
     python -m fedvls_flwr.deploy breakdown WORKDIR
 
+    # on a SuperLink host: the nginx server block of the fence
+    python -m fedvls_flwr.deploy fence-config --listen 0.0.0.0:9093 --superlink-port 9092 --certs DIR
+
+    # on the operator's machine: a local port for `flwr` that presents the client certificate
+    python -m fedvls_flwr.deploy operator-link --superlink 10.0.0.5:9093 --ca ca.pem --cert op.pem --key op.key
+
 The certificates are made with the ``cryptography`` package (a Flower dependency): an EC
 P-256 CA, a server certificate whose subjectAltName lists every ``--host`` (IP addresses
-as IP entries, names as DNS entries), and EC P-384 SuperNode keys in OpenSSH format, the
-format ``flwr supernode register`` and ``flower-supernode --auth-supernode-private-key``
-read. Private keys are written with mode 0600.
+as IP entries, names as DNS entries), ``clientAuth`` certificates for operators, and EC
+P-384 SuperNode keys in OpenSSH format, the format ``flwr supernode register`` and
+``flower-supernode --auth-supernode-private-key`` read. Private keys are written with
+mode 0600.
 """
 
 from __future__ import annotations
