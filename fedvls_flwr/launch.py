@@ -34,6 +34,13 @@ from typing import Any
 BIN_DIR = Path(sys.executable).parent
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 
+# A SuperNode's SuperExec asks it for a new task every FLWR_SUPEREXEC_TASK_POLL_INTERVAL
+# seconds (Flower's default 1.0) before it starts the task's flwr-clientapp: on average
+# half of that is added to every message. 0.1 s costs about 2 CPU-seconds per minute per
+# SuperNode in idle polling (measured; docs/performance.md, deployment section).
+SUPEREXEC_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
+SUPEREXEC_POLL_SECONDS = "0.1"
+
 
 def free_port(port_range: tuple[int, int] | None = None, taken: set[int] | frozenset[int] = frozenset()) -> int:
     """A TCP port nothing listens on: any (the OS picks) or the first free one in
@@ -467,7 +474,9 @@ class LocalSuperLink:
             cmd += ["--auth-supernode-private-key", str(private_key)]
         if max_retries is not None:
             cmd += ["--max-retries", str(max_retries)]
-        return cmd, flower_env(node_home, **{**self.env_extra, **(env_extra or {})})
+        env = flower_env(node_home, **{**self.env_extra, **(env_extra or {})})
+        env.setdefault(SUPEREXEC_POLL_ENV, SUPEREXEC_POLL_SECONDS)  # unless the caller set it
+        return cmd, env
 
     def register_supernode(self, public_key: Path, name: str | None = None) -> int:
         """``flwr supernode register``: admit the holder of ``public_key``; returns its node id."""

@@ -295,3 +295,22 @@ def test_a_zombie_counts_as_gone_although_kill_0_succeeds():
     finally:
         child.wait()
     assert is_gone(child.pid)
+
+
+def test_sweep_takes_a_port_range_and_checks_it(capsys):
+    from fedvls_flwr import sweep
+
+    assert sweep.main(["conf/fedlc-synthetic.yaml", "--port-range", "20000:20010", "--dry-run"]) == 2
+    assert "--port-range '20000:20010': expected LO-HI" in capsys.readouterr().err
+    assert sweep.main(["conf/fedlc-synthetic.yaml", "--port-range", "20000-20010", "--dry-run"]) == 0
+
+
+def test_supernodes_poll_for_tasks_every_tenth_of_a_second_unless_told(tmp_path, monkeypatch):
+    monkeypatch.delenv("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", raising=False)
+    link = LocalSuperLink(tmp_path, simulation=False)
+    _, env = link.supernode_command("a", {"partition-id": 0, "num-partitions": 1})
+    assert env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] == "0.1"
+    _, env = link.supernode_command("b", env_extra={"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "1.0"})
+    assert env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] == "1.0"
+    cmd, _ = link.supernode_command("c")
+    assert cmd[cmd.index("--superlink") + 1] == link.address  # no fence: the SuperLink itself
