@@ -289,7 +289,7 @@ def run_local(
     *,
     secure: bool = True,
     auth: bool = True,
-    fence: bool = True,
+    fence: bool | None = None,
     run_config: dict[str, Any] | None = None,
     configs: list[dict[str, Any]] | None = None,
     workdir: Path | None = None,
@@ -301,13 +301,15 @@ def run_local(
 ) -> tuple[RunOutcome, Path, list[int]]:
     """SuperLink + ``nodes`` SuperNodes on 127.0.0.1, one streamed run, everything stopped.
 
-    ``fence`` (with TLS, the default): nginx in front of the SuperLink passes only the
-    Fleet API to SuperNodes; our ``flwr`` commands reach the Control API through the
+    ``fence`` (default: whenever ``secure``): nginx in front of the SuperLink passes only
+    the Fleet API to SuperNodes; our ``flwr`` commands reach the Control API through the
     operator link with the operator's client certificate (:mod:`fedvls_flwr.fence`).
     Returns (outcome, run folder, PIDs of every process started - all stopped by then).
     """
     if auth and not secure:
         raise ValueError("SuperNode authentication needs TLS: drop --insecure or add --no-auth")
+    if fence is None:
+        fence = secure
     if fence and not secure:
         raise ValueError("the fence needs TLS: drop --insecure or add --no-fence")
     if fence:
