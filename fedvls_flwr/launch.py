@@ -10,8 +10,9 @@ Deployment mode (no ``--simulation``): :meth:`LocalSuperLink.start_supernode` st
 ``flower-supernode`` processes on 127.0.0.1 (each with its own Runtime API port, its own
 ``FLWR_HOME`` and its own ``--node-config``), optionally over TLS (``TlsFiles``) and with
 SuperNode authentication (keys registered with :meth:`LocalSuperLink.register_supernode`,
-i.e. ``flwr supernode register``). :mod:`fedvls_flwr.deploy` is the command-line launcher
-built on it.
+i.e. ``flwr supernode register``), optionally behind the nginx fence
+(:meth:`LocalSuperLink.start_fence`, :mod:`fedvls_flwr.fence`). Every port comes from an
+optional ``port_range``. :mod:`fedvls_flwr.deploy` is the command-line launcher built on it.
 """
 
 from __future__ import annotations
