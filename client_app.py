@@ -1,20 +1,29 @@
-"""Flower ClientApp entry point (thin): one local training round, or one evaluation, per message."""
+"""Flower ClientApp entry point (thin): per message, one local training round, one evaluation,
+or a query (the node's partition id)."""
 
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from fedvls_flwr.client import evaluate_round, train_round
+from fedvls_flwr.client import evaluate_round, naming_the_site, query_round, train_round
+from fedvls_flwr.mods import mods_from_env
 from fedvls_flwr.supernode_guard import exit_with_supernode
 
-app = ClientApp()
+app = ClientApp(mods=mods_from_env())  # none unless FEDVLS_CLIENT_MODS names some (tests)
 exit_with_supernode()  # deployment: stop training for a SuperNode that was killed
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    return Message(content=train_round(msg.content, dict(context.node_config)), reply_to=msg)
+    with naming_the_site(dict(context.node_config)):
+        return Message(content=train_round(msg.content, dict(context.node_config), context.state), reply_to=msg)
 
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
-    return Message(content=evaluate_round(msg.content, dict(context.node_config)), reply_to=msg)
+    with naming_the_site(dict(context.node_config)):
+        return Message(content=evaluate_round(msg.content, dict(context.node_config)), reply_to=msg)
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    return Message(content=query_round(msg.content, dict(context.node_config)), reply_to=msg)

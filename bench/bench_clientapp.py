@@ -30,7 +30,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,24 +52,23 @@ mark("import client_app", t0, c0)
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
-from fedvls_flwr import client as client_module
+from fedvls_flwr import client as client_module, protocol
 from fedvls_flwr.config import parse_run_config
-from fedvls_flwr.strategy import ARRAYS_KEY, CONFIG_KEY
 
 # The message as Flower hands it over: the global weights and the round's config.
 cfg = parse_run_config(json.loads(sys.argv[2]))
 node_config = json.loads(sys.argv[3])
 with np.load(sys.argv[4]) as arrays:
     weights = ArrayRecord({k: Array(np.array(arrays[k])) for k in arrays.files})
-content = RecordDict({ARRAYS_KEY: weights, CONFIG_KEY: ConfigRecord({**cfg.to_flower(), "server-round": 2})})
+content = RecordDict({protocol.ARRAYS: weights, protocol.CONFIG: ConfigRecord({**cfg.to_flower(), "server-round": 2})})
 
 # Split the message: wrap the two steps train_round calls first.
-orig_data, orig_build = client_module.node_client_data, client_module.build_model
+orig_data, orig_build = client_module.node_client_data, client_module.build_run_model
 def timed_data(*a, **k):
     t0, c0 = time.perf_counter(), time.process_time(); out = orig_data(*a, **k); mark("data", t0, c0); return out
 def timed_build(*a, **k):
     t0, c0 = time.perf_counter(), time.process_time(); out = orig_build(*a, **k); mark("model", t0, c0); return out
-client_module.node_client_data, client_module.build_model = timed_data, timed_build
+client_module.node_client_data, client_module.build_run_model = timed_data, timed_build
 t0, c0 = time.perf_counter(), time.process_time()
 reply = client_module.train_round(content, node_config)
 mark("message", t0, c0)
@@ -86,14 +84,14 @@ def prepare(cfg: dict, node_config: dict, folder: Path) -> Path:
     import numpy as np
     import torch
 
-    from fedvls_flwr.client import model_name, node_client_data
+    from fedvls_flwr.client import node_client_data
     from fedvls_flwr.config import parse_run_config
-    from fedvls_flwr.models import build_model
+    from fedvls_flwr.models import build_run_model
 
     run_cfg = parse_run_config(cfg)
     data = node_client_data(run_cfg, node_config)
     torch.manual_seed(0)
-    model = build_model(model_name(run_cfg), tuple(data.x.shape[1:]), data.num_classes)
+    model = build_run_model(run_cfg, tuple(data.x.shape[1:]), data.num_classes)
     weights = folder / "weights.npz"
     np.savez(weights, **{k: v.numpy() for k, v in model.state_dict().items()})
     return weights
@@ -105,7 +103,7 @@ def run_once(cfg: dict, node_config: dict, weights: Path, importtime: bool = Fal
     cmd = [sys.executable, *(["-X", "importtime"] if importtime else []), "-c", CHILD, str(ROOT),
            json.dumps(cfg), json.dumps(node_config), str(weights)]
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    line = next((l for l in res.stdout.splitlines() if l.startswith("RESULT ")), None)
+    line = next((out for out in res.stdout.splitlines() if out.startswith("RESULT ")), None)
     if line is None:
         raise RuntimeError(f"benchmark process failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
     return json.loads(line[len("RESULT "):]), res.stderr
@@ -113,7 +111,7 @@ def run_once(cfg: dict, node_config: dict, weights: Path, importtime: bool = Fal
 
 def lazy_imports(stderr: str, top: int = 15) -> list[tuple[float, str]]:
     """Modules first imported after ``import client_app`` finished (i.e. during the message)."""
-    rows = [l for l in stderr.splitlines() if l.startswith("import time:")]
+    rows = [line for line in stderr.splitlines() if line.startswith("import time:")]
     names = [r.split("|")[-1].rstrip() for r in rows]
     end = max(i for i, n in enumerate(names) if n.strip() == "client_app")
     out = []

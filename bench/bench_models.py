@@ -40,7 +40,8 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
-from fedvls_flwr.augment import make_batch_transform, per_sample_reference_transform  # noqa: E402
+from bench.reference_transform import per_sample_reference_transform  # noqa: E402
+from fedvls_flwr.augment import make_batch_transform  # noqa: E402
 from fedvls_flwr.config import RunConfig  # noqa: E402
 from fedvls_flwr.models import build_model  # noqa: E402
 from fedvls_flwr.training import train_local  # noqa: E402

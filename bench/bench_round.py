@@ -52,14 +52,13 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_DIR))
 
-from bench.reference_loop import DEFAULT_DATA_DIR, RefConfig  # noqa: E402
+from bench.reference_loop import DEFAULT_DATA_DIR, RefConfig, cli_args  # noqa: E402
 from fedvls_flwr.launch import LocalSuperLink  # noqa: E402
 from fedvls_flwr.results import ROUNDS_FILE, SUMMARY_FILE, read_rounds  # noqa: E402
 
@@ -187,9 +186,7 @@ class TreeSampler(threading.Thread):
 
 def run_plain(cfg: RefConfig, work: Path, tag: str) -> dict[str, Any]:
     out = work / f"{tag}.json"
-    args = [sys.executable, str(REFERENCE), "--json", str(out)]
-    for f in fields(RefConfig):
-        args += [f"--{f.name.replace('_', '-')}", str(getattr(cfg, f.name))]
+    args = [sys.executable, str(REFERENCE), "--json", str(out), *cli_args(cfg)]
     t0 = time.perf_counter()
     proc = subprocess.run(args, capture_output=True, text=True, cwd=PROJECT_DIR)
     wall = time.perf_counter() - t0
@@ -420,18 +417,21 @@ def profile_client_round(cfg: RefConfig, top: int = 25) -> dict[str, Any]:
     import torch
     from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-    from fedvls_flwr.client import model_name, train_round
-    from fedvls_flwr.config import parse_run_config
+    from fedvls_flwr import protocol
+    from fedvls_flwr.client import train_round
+    from fedvls_flwr.config import model_name, parse_run_config
     from fedvls_flwr.models import build_model
     from fedvls_flwr.node_data import client_data, dataset_for
-    from fedvls_flwr.strategy import ARRAYS_KEY, CONFIG_KEY
 
     run_cfg = parse_run_config({**cfg.run_config(), "device": "cpu", "torch-threads": 1})
     bundle = dataset_for(run_cfg)
     torch.manual_seed(run_cfg.seed)
     model = build_model(model_name(run_cfg), tuple(bundle.input_shape), bundle.num_classes)
     arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
-    content = RecordDict({ARRAYS_KEY: arrays, CONFIG_KEY: ConfigRecord({**run_cfg.to_flower(), "server-round": 2})})
+    content = RecordDict({
+        protocol.ARRAYS: arrays,
+        protocol.CONFIG: ConfigRecord({**run_cfg.to_flower(), protocol.SERVER_ROUND: 2}),
+    })
     n = cfg.num_clients
     sizes = [int(client_data(run_cfg, i, n).y.shape[0]) for i in range(n)]  # warms the caches
     per_client = []
@@ -512,8 +512,8 @@ def build_tables(results: dict[str, dict[str, list[dict]]], meta: dict[str, Any]
     add(f"{meta['workload']}  \n{meta['machine']}  \nrepetitions: {meta['reps']}; figures are medians over them "
         f"(range in brackets); steady state = median of rounds 2..{meta['rounds']}.\n")
     add("## Steady-state seconds per round\n")
-    add("| method | plain loop, 1 thread | plain loop, 2 threads | DataLoader loop, 1 thread | app (`flwr run`, 2 actors x 1 thread) "
-        "| app / plain 1t | app / plain 2t | DataLoader / plain 1t |")
+    add("| method | plain loop, 1 thread | plain loop, 2 threads | DataLoader loop, 1 thread "
+        "| app (`flwr run`, 2 actors x 1 thread) | app / plain 1t | app / plain 2t | DataLoader / plain 1t |")
     add("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for m in methods:
         r = results[m]
@@ -559,7 +559,7 @@ def build_tables(results: dict[str, dict[str, list[dict]]], meta: dict[str, Any]
     add("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for m in methods:
         app_runs = results[m].get("app", [])
-        by_role = lambda k: median([r.get("peak_rss_mb_by_role", {}).get(k) for r in app_runs])  # noqa: E731
+        by_role = lambda k, runs=app_runs: median([r.get("peak_rss_mb_by_role", {}).get(k) for r in runs])
         add(f"| {m} | {fmt(med[m]['plain-1t']['peak_rss_mb'], 0)} | {fmt(med[m]['plain-2t']['peak_rss_mb'], 0)} "
             f"| {fmt(med[m]['dataloader-1t']['peak_rss_mb'], 0)} | {fmt(med[m]['app']['peak_tree_rss_mb'], 0)} "
             f"| {fmt(med[m]['app']['peak_tree_pss_mb'], 0)} | {fmt(by_role('actors'), 0)} | {fmt(by_role('simulation'), 0)} "
@@ -672,7 +672,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(args.output_dir or tempfile.mkdtemp(prefix="fedvls-bench-")).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="fedvls-bench-work-"))
-    base = RefConfig(
+    base = RefConfig.make(
         dataset=args.dataset, data_dir=str(Path(args.data_dir).expanduser().resolve()), num_clients=args.clients,
         num_server_rounds=args.rounds, local_epochs=args.local_epochs, batch_size=args.batch_size,
         dirichlet_beta=args.dirichlet_beta, seed=args.seed,
@@ -696,7 +696,7 @@ def main(argv: list[str] | None = None) -> int:
             link = LocalSuperLink(work / "flwr-home").start()
         for rep in range(1, args.reps + 1):
             for m in methods:
-                cfg = replace(base, method=m)
+                cfg = base.replace(method=m)
                 for v in variants:
                     t0 = time.perf_counter()
                     if v.startswith("app"):
@@ -705,14 +705,14 @@ def main(argv: list[str] | None = None) -> int:
                     else:
                         threads = 2 if v.endswith("2t") else 1
                         loader = "dataloader" if v.startswith("dataloader") else "index"
-                        res = run_plain(replace(cfg, threads=threads, loader=loader), work, f"{m}-{v}-rep{rep}")
+                        res = run_plain(cfg.replace(threads=threads, loader=loader), work, f"{m}-{v}-rep{rep}")
                     results[m][v].append(res)
                     log(f"rep {rep} {m:8s} {v:14s} steady {res['steady_round_s']:.3f} s/round, "
                         f"start-up {fmt(res['startup_s'], 1)} s, total {res['total_s']:.1f} s, "
                         f"final accuracy {res['accuracy'][-1]:.4f}  ({time.perf_counter() - t0:.0f}s)")
         if args.profile:
             for m in methods:
-                cfg = replace(base, method=m)
+                cfg = base.replace(method=m)
                 log(f"profiling {m}: cProfile of train_round in-process")
                 prof = profile_client_round(cfg)
                 if args.py_spy:
@@ -743,7 +743,8 @@ def main(argv: list[str] | None = None) -> int:
                           f"{prof['py_spy_run_steady_round_s']:.2f} s\n\n| where | share of samples |\n| --- | --- |\n")
                 for k, v in prof["py_spy"]["share"].items():
                     table += f"| {k} | {100 * v:.1f}% |\n"
-            table += f"\n<details><summary>cProfile, biggest client</summary>\n\n```\n{prof['cprofile_biggest_client']}\n```\n</details>\n"
+            table += (f"\n<details><summary>cProfile, biggest client</summary>\n\n```\n"
+                      f"{prof['cprofile_biggest_client']}\n```\n</details>\n")
     (out_dir / "bench.md").write_text(table)
     (out_dir / "bench.json").write_text(json.dumps({"meta": meta, "results": results, "profiles": profiles}, indent=1))
     print(table)

@@ -43,12 +43,13 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import math
 import resource
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,58 +62,58 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
+from fedvls_flwr.config import SETTINGS, RunConfig, parse_run_config  # noqa: E402
 from fedvls_flwr.data import load_dataset  # noqa: E402
+from fedvls_flwr.methods import method_params  # noqa: E402
 from fedvls_flwr.models import build_model, default_model  # noqa: E402
 from fedvls_flwr.objectives import build_objective  # noqa: E402
 from fedvls_flwr.partition import partition_indices  # noqa: E402
-from fedvls_flwr.training import mode_dependent, objective_params  # noqa: E402
+from fedvls_flwr.training import mode_dependent  # noqa: E402
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 DEFAULT_DATA_DIR = (PROJECT_DIR / ".." / "shared" / "data").resolve()
 
 
-@dataclass
-class RefConfig:
-    """The settings of one experiment. Field ``foo_bar`` = the app's run-config key
-    ``foo-bar``; the defaults are the paper's MNIST protocol on ``mnist10k``."""
+#: The benchmark's workload where it differs from the app's defaults: the paper's MNIST
+#: protocol on mnist10k, 20 rounds.
+BENCH_SETTINGS = {"dataset": "mnist10k", "data-dir": str(DEFAULT_DATA_DIR), "num-server-rounds": 20}
+LOADERS = ("index", "dataloader")
 
-    method: str = "fedvls"
-    dataset: str = "mnist10k"
-    data_dir: str = str(DEFAULT_DATA_DIR)
-    partition: str = "dirichlet"
-    dirichlet_beta: float = 0.05
-    shards_per_client: int = 2
-    min_partition_size: int = 10
-    seed: int = 0
-    model: str = "auto"
+
+@dataclass(frozen=True)
+class RefConfig:
+    """One experiment: the app's own validated run config (so the loop reads every setting
+    the app reads, under the same names and rules) plus how the loop itself runs.
+    ``cfg.lr`` etc. read the run config."""
+
+    run: RunConfig
     num_clients: int = 10  # the app's num-supernodes (full participation)
-    num_server_rounds: int = 20
-    local_epochs: int = 5
-    batch_size: int = 64
-    lr: float = 0.01
-    momentum: float = 0.9
-    weight_decay: float = 1e-5
-    eval_batch_size: int = 1024
-    lambda_dis: float = 0.1
-    logit_weight: float = 0.005
-    paper_logit_weight: float = 1.0
-    use_dis: bool = True
-    use_logit: bool = True
-    fedlc_tau: float = 0.5
-    fedlc_form: str = "standard"
-    fedntd_beta: float = 1.0
-    fedntd_tau: float = 1.0
-    teacher_mode: str = "eval"
-    # how the loop itself runs (not part of the app's run config)
     threads: int = 1
     loader: str = "index"  # "index" | "dataloader"
 
+    def __post_init__(self) -> None:
+        if self.loader not in LOADERS:
+            raise ValueError(f"loader must be one of {LOADERS}, got {self.loader!r}")
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "run":  # not set yet (copy/pickle): no recursion
+            raise AttributeError(name)
+        return getattr(self.run, name)
+
+    @classmethod
+    def make(cls, *, num_clients: int = 10, threads: int = 1, loader: str = "index", **settings: Any) -> RefConfig:
+        """Settings as keyword arguments (``dirichlet_beta=0.5``) over the bench defaults."""
+        overrides = {key.replace("_", "-"): value for key, value in settings.items()}
+        return cls(parse_run_config({**BENCH_SETTINGS, **overrides}), num_clients, threads, loader)
+
+    def replace(self, **changes: Any) -> RefConfig:
+        own = {k: changes.pop(k) for k in ("num_clients", "threads", "loader") if k in changes}
+        run = parse_run_config({**self.run.to_flower(), **{k.replace("_", "-"): v for k, v in changes.items()}})
+        return dataclasses.replace(self, run=run, **own)
+
     def run_config(self) -> dict[str, Any]:
-        """The app's run-config overrides that describe the same experiment."""
-        skip = {"num_clients", "threads", "loader"}
-        out = {f.name.replace("_", "-"): getattr(self, f.name) for f in fields(self) if f.name not in skip}
-        out["num-server-rounds"] = self.num_server_rounds
-        return out
+        """The app's run config that describes the same experiment."""
+        return self.run.to_flower()
 
 
 def batch_seed(seed: int, server_round: int, client: int) -> int:
@@ -126,7 +127,7 @@ def batch_seed(seed: int, server_round: int, client: int) -> int:
 def train_client(model, x, y, num_classes: int, cfg: RefConfig, generator: torch.Generator) -> int:
     """Train ``model`` (holding the global weights) in place; returns the sample count."""
     counts = torch.bincount(y, minlength=num_classes)
-    objective = build_objective(cfg.method, counts, objective_params(cfg))
+    objective = build_objective(cfg.method, counts, method_params(cfg.run))
 
     teacher = None
     teacher_rows = None  # what the loss needs of the teacher, per sample (prepare_teacher)
@@ -206,8 +207,6 @@ def evaluate(model, x, y, batch_size: int) -> tuple[float, float]:
 
 def run(cfg: RefConfig, log=None) -> dict[str, Any]:
     """Run every round; returns per-round accuracy and timings."""
-    if cfg.loader not in ("index", "dataloader"):
-        raise ValueError(f"loader must be 'index' or 'dataloader', got {cfg.loader!r}")
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     t0 = time.perf_counter()
@@ -262,7 +261,7 @@ def run(cfg: RefConfig, log=None) -> dict[str, Any]:
             log(f"round {r}/{cfg.num_server_rounds}: accuracy {acc:.4f}  {t_end - t_round:.2f}s")
 
     return {
-        "config": asdict(cfg),
+        "config": {**cfg.run_config(), "num-clients": cfg.num_clients, "threads": cfg.threads, "loader": cfg.loader},
         "model": name,
         "client_sizes": [len(p) for p in parts],
         "rounds": rounds,
@@ -280,23 +279,29 @@ def _parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+def cli_args(cfg: RefConfig) -> list[str]:
+    """The command line that describes ``cfg`` (what bench_round.py runs this loop with)."""
+    args = [f"--{key}={value}" for key, value in cfg.run_config().items()]
+    return args + [f"--num-clients={cfg.num_clients}", f"--threads={cfg.threads}", f"--loader={cfg.loader}"]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    for f in fields(RefConfig):
-        kind = _parse_bool if f.type in ("bool", bool) else {"int": int, "float": float}.get(str(f.type), str)
-        parser.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=f.default)
-    parser.add_argument("--clients", type=int, dest="num_clients_alias", default=None, help="alias of --num-clients")
-    parser.add_argument("--rounds", type=int, dest="rounds_alias", default=None, help="alias of --num-server-rounds")
+    settings = parser.add_argument_group("run config (the app's keys; bench defaults: " + str(BENCH_SETTINGS) + ")")
+    for s in SETTINGS:
+        settings.add_argument(f"--{s.key}", type=_parse_bool if s.kind is bool else s.kind, default=None, help=s.help)
+    parser.add_argument("--num-clients", "--clients", type=int, default=10, help="the app's num-supernodes")
+    parser.add_argument("--rounds", type=int, default=None, help="alias of --num-server-rounds")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (0 = torch's default)")
+    parser.add_argument("--loader", choices=LOADERS, default="index")
     parser.add_argument("--json", help="also write the result to this file")
     parser.add_argument("--verbose", action="store_true", help="log every round to stderr")
-    args = vars(parser.parse_args(argv))
-    if (clients := args.pop("num_clients_alias")) is not None:
-        args["num_clients"] = clients
-    if (rounds := args.pop("rounds_alias")) is not None:
-        args["num_server_rounds"] = rounds
-    out_path = args.pop("json")
-    verbose = args.pop("verbose")
-    cfg = RefConfig(**args)
+    args = parser.parse_args(argv)
+    given = {s.key: getattr(args, s.name) for s in SETTINGS if getattr(args, s.name) is not None}
+    if args.rounds is not None:
+        given["num-server-rounds"] = args.rounds
+    cfg = RefConfig(parse_run_config({**BENCH_SETTINGS, **given}), args.num_clients, args.threads, args.loader)
+    out_path, verbose = args.json, args.verbose
     result = run(cfg, log=(lambda m: print(m, file=sys.stderr)) if verbose else None)
     result["process_seconds"] = time.perf_counter() - _T_PROCESS  # imports included
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0

@@ -6,11 +6,10 @@ The paper's CIFAR/TinyImageNet training pipeline is, per image::
     -> ToTensor() -> Normalize(mean, std)
 
 The classic way runs it on PIL images, one sample at a time, in DataLoader workers
-(:func:`per_sample_reference_transform` builds exactly that pipeline; it is kept only to
-benchmark against).  Here the data stay whole uint8 tensors ``(N, C, H, W)`` (see
-:mod:`fedvls_flwr.data`) and :class:`BatchTransform` augments a *batch* at once, on
-whatever device the batch lives (the GPU when training there), with per-sample
-randomness.
+(``bench/reference_transform.py`` builds exactly that pipeline, to benchmark against).
+Here the data stay whole uint8 tensors ``(N, C, H, W)`` (see :mod:`fedvls_flwr.data`) and
+:class:`BatchTransform` augments a *batch* at once, on whatever device the batch lives (the
+GPU when training there), with per-sample randomness.
 
 Random crop and flip
     One zero-padded copy of the batch and one gather with per-sample offsets (uniform in
@@ -76,7 +75,6 @@ __all__ = [
     "make_batch_transform",
     "normalize",
     "random_crop_flip",
-    "per_sample_reference_transform",
 ]
 
 # The AutoAugment CIFAR-10 policy (Cubuk et al. 2019, appendix table), as torchvision
@@ -345,7 +343,7 @@ class BatchAutoAugment:
             self._tables[key] = (values, thetas)
         return self._tables[key]
 
-    def sample(self, n: int, generator: torch.Generator | None = None):
+    def sample(self, n: int, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per-image decisions: sub-policy index (n,), applied (n, 2) and negative (n, 2)."""
         sub = torch.randint(len(self.policy), (n,), generator=generator)
         coins = torch.rand(n, 2, generator=generator, dtype=torch.float64)
@@ -509,21 +507,4 @@ def make_batch_transform(
         generator=generator,
         autoaugment=autoaugment,
         group_size=group_size,
-    )
-
-
-def per_sample_reference_transform(mean: tuple[float, ...], std: tuple[float, ...], size: int = 32):
-    """The classic per-image PIL pipeline (torchvision v1 transforms), for benchmarks only:
-    ``RandomCrop(size, padding=4)``, ``RandomHorizontalFlip()``,
-    ``AutoAugment(CIFAR10)``, ``ToTensor()``, ``Normalize(mean, std)``."""
-    from torchvision import transforms as T
-
-    return T.Compose(
-        [
-            T.RandomCrop(size, padding=4),
-            T.RandomHorizontalFlip(),
-            T.AutoAugment(T.AutoAugmentPolicy.CIFAR10),
-            T.ToTensor(),
-            T.Normalize(mean, std),
-        ]
     )

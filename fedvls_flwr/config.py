@@ -4,122 +4,155 @@ The Flower run config (``[tool.flwr.app.config]`` plus ``--run-config`` override
 arrives as a flat dict of kebab-case keys. :func:`parse_run_config` turns it into a
 frozen :class:`RunConfig` or raises :class:`ConfigError` naming the key, the value and
 what is allowed - before Ray, a SuperLink or a dataset spends any time.
+
+Each setting is declared once, as a :class:`~fedvls_flwr.settings.Setting`: the general
+ones in :data:`GENERAL_SETTINGS` below, each method's own in :mod:`fedvls_flwr.methods`.
+:class:`RunConfig` is built from those declarations (one attribute per key, ``foo-bar``
+-> ``foo_bar``), and ``pyproject.toml`` must list the same keys and defaults (a test
+checks; ``python -m fedvls_flwr.config`` prints the section). Torch-free.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import time
-from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-METHODS = ("fedavg", "fedlc", "fedntd", "fedvls", "fedvls-paper")
-DATASETS = ("digits", "mnist", "mnist10k", "fmnist", "cifar10", "cifar100", "tinyimagenet", "synthetic")
-PARTITIONS = ("dirichlet", "shards", "iid")
-MODELS = ("auto", "mlp", "logreg", "cnn", "mobilenetv2", "resnet18", "resnet18-imagenet", "resnet32")
-DEVICES = ("auto", "cpu", "cuda")
-TEACHER_MODES = ("eval", "train")
-EVALUATIONS = ("auto", "server", "federated")
-FEDLC_FORMS = ("standard", "paper")
+from .methods import method_names, method_settings, part_names
+from .settings import ConfigError, Setting, at_least, between, greater, toml_value
 
+__all__ = [
+    "ConfigError", "RunConfig", "SETTINGS", "GENERAL_SETTINGS", "IMAGE_DATASETS", "DATASETS", "MODELS",
+    "parse_run_config", "validate", "resolve_path", "model_name",
+]
 
-class ConfigError(ValueError):
-    """A run-config value that cannot work; the message says which and how to fix it."""
+#: Datasets held as images (loaded by :mod:`fedvls_flwr.data`); ``synthetic`` is generated.
+IMAGE_DATASETS = ("digits", "mnist", "mnist10k", "fmnist", "cifar10", "cifar100", "tinyimagenet")
+DATASETS = (*IMAGE_DATASETS, "synthetic")
+#: The model zoo (:mod:`fedvls_flwr.models`); ``auto`` = the paper's model for the dataset.
+MODELS = ("mlp", "logreg", "cnn", "mobilenetv2", "resnet18", "resnet18-imagenet", "resnet32")
+#: ``model = "auto"`` resolves to these.
+DEFAULT_MODELS = {
+    "digits": "mlp", "mnist": "mlp", "mnist10k": "mlp", "fmnist": "mlp",
+    "cifar10": "mobilenetv2", "cifar100": "mobilenetv2", "tinyimagenet": "mobilenetv2",
+    "synthetic": "logreg",
+}
 
-
-@dataclass(frozen=True)
-class RunConfig:
-    """All run settings. Field ``foo_bar`` is run-config key ``foo-bar``."""
-
+GENERAL_SETTINGS: tuple[Setting, ...] = (
     # experiment
-    method: str = "fedvls"
-    dataset: str = "digits"
-    data_dir: str = "~/fedvls-data"
-    download: bool = False
-    partition: str = "dirichlet"
-    dirichlet_beta: float = 0.05
-    shards_per_client: int = 2
-    min_partition_size: int = 10
-    seed: int = 0
-    model: str = "auto"
-    # > 0: train on a stratified, fixed-seed subsample of this many images of the dataset's
-    # training pool (the same images for every method and seed; data.subsample_pool).
-    train_pool_size: int = 0
-    # dataset = "synthetic": the FedProx/LEAF Synthetic(alpha, beta) generator with
-    # synthetic-clients clients (must equal the number of SuperNodes / partitions).
-    synthetic_alpha: float = 1.0
-    synthetic_beta: float = 1.0
-    synthetic_clients: int = 100
+    Setting("method", "fedvls", "the local objective (see docs/methods.md)", choices=method_names),
+    Setting("dataset", "digits", "the dataset", choices=DATASETS),
+    Setting("data-dir", "~/fedvls-data", "where datasets live (relative paths: against $FEDVLS_BASE_DIR)"),
+    Setting("download", False, "let torchvision download MNIST / Fashion-MNIST / CIFAR into data-dir"),
+    Setting("partition", "dirichlet", "label-skew scheme", choices=("dirichlet", "shards", "noniid-labeldir", "iid")),
+    Setting("dirichlet-beta", 0.05, "Dirichlet concentration (smaller = stronger skew)",
+            **greater(0, "e.g. 0.5, 0.1, 0.05")),
+    Setting("shards-per-client", 2, "shards (partition = shards) or classes (noniid-labeldir) per client",
+            **at_least(1)),
+    Setting("min-partition-size", 10, "every Dirichlet client holds at least this many samples", **at_least(1)),
+    Setting("seed", 0, "partition, model initialisation, client sampling and batch order"),
+    Setting("model", "auto", "the network; auto = the paper's model for the dataset", choices=("auto", *MODELS)),
+    Setting("train-pool-size", 0, "> 0: a stratified fixed-seed subsample of the training pool of this size",
+            **at_least(0, "0 = the whole training pool")),
+    # dataset = "synthetic": the FedProx/LEAF Synthetic(alpha, beta) generator, one client per node
+    Setting("synthetic-alpha", 1.0, "Synthetic(alpha, beta): model heterogeneity", **at_least(0)),
+    Setting("synthetic-beta", 1.0, "Synthetic(alpha, beta): data heterogeneity", **at_least(0)),
+    Setting("synthetic-clients", 100, "Synthetic: number of generated clients (= num-supernodes)", **at_least(1)),
     # federation
-    num_server_rounds: int = 30
-    fraction_train: float = 1.0
-    min_nodes: int = 2
-    round_timeout: float = 3600.0
-    min_fit_fraction: float = 0.5
-    round_retries: int = 1
+    Setting("num-server-rounds", 30, "rounds", **at_least(1)),
+    Setting("fraction-train", 1.0, "fraction of nodes sampled per round (R in the paper)",
+            **between(0, 1, low_open=True)),
+    Setting("min-nodes", 2, "nodes to wait for before the first round", **at_least(1)),
+    Setting("round-timeout", 3600.0, "seconds to wait for the replies of a round", **greater(0, "seconds")),
+    Setting("min-fit-fraction", 0.5, "a round needs usable replies from this fraction of the sampled clients",
+            **between(0, 1)),
+    Setting("round-retries", 1, "re-runs of a round that got too few usable replies", **at_least(0)),
     # local training
-    local_epochs: int = 5
-    batch_size: int = 64
-    lr: float = 0.01
-    momentum: float = 0.9
-    weight_decay: float = 1e-5
-    device: str = "auto"
-    torch_threads: int = 1
-    eval_batch_size: int = 1024
-    # Where the global model is evaluated: "server" (the run dataset's test split on the
-    # server), "federated" (each node's local held-out split, node config test-fraction,
-    # weighted by size), "auto" = server when the server has the test split, else federated.
-    evaluation: str = "auto"
-    # Training-time augmentation (random crop pad 4 + horizontal flip + per-sample
-    # AutoAugment CIFAR10 policy, see augment.py). Applies only to the uint8 image
-    # datasets (cifar10, cifar100, tinyimagenet: bundles with mean/std); the MNIST-like
-    # sets are stored normalised and are never augmented, whatever this says.
-    augment: bool = True
-    # Mixed precision: torch.autocast with bfloat16 (no GradScaler needed) around the
-    # forward passes and the objective, on CUDA only. On a CPU device it is accepted and
-    # ignored (logged once per process), so one preset can serve CPU and GPU machines.
-    amp: bool = False
-    # objectives
-    lambda_dis: float = 0.1
-    logit_weight: float = 0.005
-    paper_logit_weight: float = 1.0
-    use_dis: bool = True
-    use_logit: bool = True
-    fedlc_tau: float = 0.5
-    fedlc_form: str = "standard"
-    fedntd_beta: float = 1.0
-    fedntd_tau: float = 1.0
-    teacher_mode: str = "eval"
+    Setting("local-epochs", 5, "local epochs per round", **at_least(1)),
+    Setting("batch-size", 64, "local batch size", **at_least(1)),
+    Setting("lr", 0.01, "local SGD learning rate", **greater(0)),
+    Setting("momentum", 0.9, "local SGD momentum", **between(0, 1, high_open=True)),
+    Setting("weight-decay", 1e-5, "local SGD weight decay", **at_least(0)),
+    Setting("local-optimizer", "sgd", "how a client steps: sgd, or sam (FedSAM's sharpness-aware step)",
+            choices=lambda: part_names("local-optimizer")),
+    # "fresh": a new optimizer every round (the FedVLS code); "carry": the momentum buffer
+    # lives on in the client's state (the authors' FedAvg/FedLC/FedNTD clients).
+    Setting("optimizer-state", "fresh", "local momentum: fresh every round, or carried across rounds",
+            choices=("fresh", "carry"), label={"carry": "(momentum carried)"}),
+    Setting("server-optimizer", "fedavg", "how the average becomes the next global model",
+            choices=lambda: part_names("server-optimizer")),
+    Setting("device", "auto", "auto (CUDA when present), cpu or cuda", choices=("auto", "cpu", "cuda")),
+    Setting("torch-threads", 1, "torch threads per client process", **at_least(0, "0 keeps torch's default")),
+    Setting("eval-batch-size", 1024, "evaluation batch size", **at_least(1)),
+    # "server": the run dataset's test split on the server; "federated": each node's local
+    # held-out split (node config test-fraction), pooled per class; "auto": server when the
+    # server has the test split, else federated.
+    Setting("evaluation", "auto", "where the global model is evaluated", choices=("auto", "server", "federated")),
+    # Crop + flip + AutoAugment on the uint8 image datasets (cifar10, cifar100,
+    # tinyimagenet); the MNIST-like sets are stored normalised and never augmented.
+    Setting("augment", True, "CIFAR-style training augmentation (RGB datasets only)"),
+    # bfloat16 autocast on CUDA; accepted and ignored on a CPU (so one preset serves both).
+    Setting("amp", False, "bfloat16 mixed precision on CUDA"),
     # results
-    output_dir: str = "~/fedvls-runs"
-    run_name: str = ""
-    resume: bool = False
-    local_eval: bool = False
+    Setting("output-dir", "~/fedvls-runs", "results folder",
+            check=lambda v: v.strip() != "", rule="a non-empty path"),
+    Setting("run-name", "", "the run's folder under output-dir (default: dataset-method-skew-seed-time)",
+            check=lambda v: "/" not in v and v not in (".", ".."), rule="a plain folder name (no '/')"),
+    Setting("resume", False, "continue the run in run-name from its last completed round"),
+    Setting("local-eval", False, "the local-update diagnostic (clients evaluate their updated model)"),
+)
 
-    # ---- derived views -------------------------------------------------
-    def to_flower(self) -> dict[str, Any]:
-        """The config as kebab-case keys with plain values (for ConfigRecord / JSON)."""
-        return {f.name.replace("_", "-"): getattr(self, f.name) for f in fields(self)}
+#: Every setting: the general ones, then each method's own.
+SETTINGS: tuple[Setting, ...] = GENERAL_SETTINGS + method_settings()
+_BY_KEY = {s.key: s for s in SETTINGS}
+assert len(_BY_KEY) == len(SETTINGS), "a run-config key is declared twice"
 
-    def resolved_data_dir(self) -> Path:
-        return resolve_path(self.data_dir)
 
-    def resolved_output_dir(self) -> Path:
-        return resolve_path(self.output_dir)
+def _to_flower(self) -> dict[str, Any]:
+    """The config as kebab-case keys with plain values (for ConfigRecord / JSON)."""
+    return {s.key: getattr(self, s.name) for s in SETTINGS}
 
-    def default_run_name(self) -> str:
-        skew = {
-            "dirichlet": f"dir{self.dirichlet_beta:g}",
-            "shards": f"shards{self.shards_per_client}",
-            "iid": "iid",
-        }[self.partition]
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        return f"{self.dataset}-{self.method}-{skew}-s{self.seed}-{stamp}"
 
-    def replace(self, **changes: Any) -> "RunConfig":
-        return dataclasses.replace(self, **changes)
+def _resolved_data_dir(self) -> Path:
+    return resolve_path(self.data_dir)
+
+
+def _resolved_output_dir(self) -> Path:
+    return resolve_path(self.output_dir)
+
+
+def _default_run_name(self) -> str:
+    skew = {
+        "dirichlet": f"dir{self.dirichlet_beta:g}",
+        "shards": f"shards{self.shards_per_client}",
+        "noniid-labeldir": f"labeldir{self.shards_per_client}",
+        "iid": "iid",
+    }[self.partition]
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return f"{self.dataset}-{self.method}-{skew}-s{self.seed}-{stamp}"
+
+
+def _replace(self, **changes: Any) -> RunConfig:
+    return dataclasses.replace(self, **changes)
+
+
+RunConfig = dataclasses.make_dataclass(
+    "RunConfig",
+    [(s.name, s.kind, dataclasses.field(default=s.default)) for s in SETTINGS],
+    frozen=True,
+    namespace={
+        "__doc__": "All run settings (see :data:`SETTINGS`). Attribute ``foo_bar`` is run-config key ``foo-bar``.",
+        "__module__": __name__,
+        "to_flower": _to_flower,
+        "resolved_data_dir": _resolved_data_dir,
+        "resolved_output_dir": _resolved_output_dir,
+        "default_run_name": _default_run_name,
+        "replace": _replace,
+    },
+)
 
 
 def resolve_path(value: str) -> Path:
@@ -136,40 +169,18 @@ def resolve_path(value: str) -> Path:
     return (base / path).resolve()
 
 
-_FIELD_TYPES = {f.name: f.type for f in fields(RunConfig)}
+def model_name(cfg: RunConfig) -> str:
+    """The model a run trains: ``model``, or the paper's model for the dataset when ``auto``."""
+    return DEFAULT_MODELS[cfg.dataset] if cfg.model == "auto" else cfg.model
 
 
-def _coerce(key: str, field_name: str, value: Any, default: Any) -> Any:
-    expected = type(default)
-    if expected is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false"):
-            return value.lower() == "true"
-        raise ConfigError(f"run config '{key}' = {value!r}: expected true or false")
-    if expected is int:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
-            raise ConfigError(f"run config '{key}' = {value!r}: expected an integer")
-        return int(value)
-    if expected is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"run config '{key}' = {value!r}: expected a number")
-        return float(value)
-    if not isinstance(value, str):
-        raise ConfigError(f"run config '{key}' = {value!r}: expected a string")
-    return value
-
-
-def _choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(
-            f"run config '{key}' = {value!r} is not allowed; choose one of: {', '.join(allowed)}"
-        )
-
-
-def _check(condition: bool, key: str, value: Any, rule: str) -> None:
-    if not condition:
-        raise ConfigError(f"run config '{key}' = {value!r}: must be {rule}")
+def _did_you_mean(key: str) -> str:
+    normalised = {k.replace("-", ""): k for k in _BY_KEY}
+    close = normalised.get(key.replace("-", "").replace("_", "").lower())
+    if close is None:
+        matches = difflib.get_close_matches(key, list(_BY_KEY), n=1, cutoff=0.75)
+        close = matches[0] if matches else None
+    return f" (did you mean '{close}'?)" if close else ""
 
 
 def parse_run_config(raw: dict[str, Any], *, strict: bool = True) -> RunConfig:
@@ -179,72 +190,41 @@ def parse_run_config(raw: dict[str, Any], *, strict: bool = True) -> RunConfig:
     silently ignored); the per-round ConfigRecord adds ``server-round`` and is parsed
     with ``strict=False``.
     """
-    defaults = RunConfig()
     values: dict[str, Any] = {}
-    known = {name.replace("_", "-"): name for name in _FIELD_TYPES}
     for key, value in raw.items():
-        if key not in known:
+        setting = _BY_KEY.get(key)
+        if setting is None:
             if strict:
-                close = [k for k in known if k.replace("-", "") == key.replace("-", "").replace("_", "")]
-                hint = f" (did you mean '{close[0]}'?)" if close else ""
                 raise ConfigError(
-                    f"unknown run config key '{key}'{hint}; known keys: {', '.join(sorted(known))}"
+                    f"unknown run config key '{key}'{_did_you_mean(key)}; known keys: {', '.join(sorted(_BY_KEY))}"
                 )
             continue
-        name = known[key]
-        values[name] = _coerce(key, name, value, getattr(defaults, name))
-    cfg = dataclasses.replace(defaults, **values)
+        values[setting.name] = setting.coerce(value)
+    cfg = RunConfig(**values)
     validate(cfg)
     return cfg
 
 
 def validate(cfg: RunConfig) -> None:
-    """Range and choice checks that need no data and no Flower."""
-    _choice("method", cfg.method, METHODS)
-    _choice("dataset", cfg.dataset, DATASETS)
-    _choice("partition", cfg.partition, PARTITIONS)
-    _choice("model", cfg.model, MODELS)
-    _choice("device", cfg.device, DEVICES)
-    _choice("teacher-mode", cfg.teacher_mode, TEACHER_MODES)
-    _choice("fedlc-form", cfg.fedlc_form, FEDLC_FORMS)
-    _choice("evaluation", cfg.evaluation, EVALUATIONS)
-    _check(cfg.dirichlet_beta > 0, "dirichlet-beta", cfg.dirichlet_beta, "> 0 (e.g. 0.5, 0.1, 0.05)")
-    _check(cfg.synthetic_alpha >= 0, "synthetic-alpha", cfg.synthetic_alpha, ">= 0")
-    _check(cfg.synthetic_beta >= 0, "synthetic-beta", cfg.synthetic_beta, ">= 0")
-    _check(cfg.synthetic_clients >= 1, "synthetic-clients", cfg.synthetic_clients, ">= 1")
-    _check(cfg.train_pool_size >= 0, "train-pool-size", cfg.train_pool_size, ">= 0 (0 = the whole training pool)")
+    """Every setting's own rule, then the rules that tie settings together."""
+    for s in SETTINGS:
+        s.validate(getattr(cfg, s.name))
     if cfg.train_pool_size and cfg.dataset == "synthetic":
         raise ConfigError(
             "run config 'train-pool-size' subsamples an image dataset's training pool; dataset "
             "synthetic generates its clients (set synthetic-clients instead, or train-pool-size = 0)"
         )
-    _check(cfg.shards_per_client >= 1, "shards-per-client", cfg.shards_per_client, ">= 1")
-    _check(cfg.min_partition_size >= 1, "min-partition-size", cfg.min_partition_size, ">= 1")
-    _check(cfg.num_server_rounds >= 1, "num-server-rounds", cfg.num_server_rounds, ">= 1")
-    _check(0 < cfg.fraction_train <= 1, "fraction-train", cfg.fraction_train, "in (0, 1]")
-    _check(cfg.min_nodes >= 1, "min-nodes", cfg.min_nodes, ">= 1")
-    _check(cfg.round_timeout > 0, "round-timeout", cfg.round_timeout, "> 0 seconds")
-    _check(0 <= cfg.min_fit_fraction <= 1, "min-fit-fraction", cfg.min_fit_fraction, "in [0, 1]")
-    _check(cfg.round_retries >= 0, "round-retries", cfg.round_retries, ">= 0")
-    _check(cfg.local_epochs >= 1, "local-epochs", cfg.local_epochs, ">= 1")
-    _check(cfg.batch_size >= 1, "batch-size", cfg.batch_size, ">= 1")
-    _check(cfg.eval_batch_size >= 1, "eval-batch-size", cfg.eval_batch_size, ">= 1")
-    _check(cfg.lr > 0, "lr", cfg.lr, "> 0")
-    _check(0 <= cfg.momentum < 1, "momentum", cfg.momentum, "in [0, 1)")
-    _check(cfg.weight_decay >= 0, "weight-decay", cfg.weight_decay, ">= 0")
-    _check(cfg.torch_threads >= 0, "torch-threads", cfg.torch_threads, ">= 0 (0 keeps torch's default)")
-    _check(cfg.lambda_dis >= 0, "lambda-dis", cfg.lambda_dis, ">= 0")
-    _check(cfg.logit_weight >= 0, "logit-weight", cfg.logit_weight, ">= 0")
-    _check(cfg.paper_logit_weight >= 0, "paper-logit-weight", cfg.paper_logit_weight, ">= 0")
-    _check(cfg.fedlc_tau >= 0, "fedlc-tau", cfg.fedlc_tau, ">= 0")
-    _check(cfg.fedntd_beta >= 0, "fedntd-beta", cfg.fedntd_beta, ">= 0")
-    _check(cfg.fedntd_tau > 0, "fedntd-tau", cfg.fedntd_tau, "> 0")
-    _check(cfg.output_dir.strip() != "", "output-dir", cfg.output_dir, "a non-empty path")
     if cfg.resume and not cfg.run_name:
         raise ConfigError(
             "run config 'resume' = true needs 'run-name' set to the folder of the run to continue "
             "(the default name carries a timestamp and is never found again)"
         )
-    if cfg.run_name:
-        _check("/" not in cfg.run_name and cfg.run_name not in (".", ".."),
-               "run-name", cfg.run_name, "a plain folder name (no '/')")
+
+
+def pyproject_section() -> str:
+    """``[tool.flwr.app.config]`` as pyproject.toml must hold it (every key, its default)."""
+    return "[tool.flwr.app.config]\n" + "".join(f"{s.key} = {toml_value(s.default)}\n" for s in SETTINGS)
+
+
+if __name__ == "__main__":
+    print(pyproject_section(), end="")

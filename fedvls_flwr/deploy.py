@@ -50,7 +50,7 @@ from click import ClickException
 
 from .check import check_run_config
 from .fence import FenceError, require_nginx, serve_operator_link, server_block
-from .launch import PROJECT_DIR, LocalSuperLink, PortRangeError, RunOutcome, TlsFiles, parse_port_range
+from .launch import PROJECT_DIR, LocalSuperLink, RunOutcome, TlsFiles, parse_port_range
 from .node_data import parse_node_config
 
 __all__ = ["make_certificates", "make_supernode_key", "CertificateSet", "run_local", "main"]
@@ -112,7 +112,7 @@ def _leaf_certificate(ca_key, ca_cert, subject: str, public_key, *, server_hosts
     from cryptography.hazmat.primitives import hashes
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-    now = _dt.datetime.now(_dt.timezone.utc) - _dt.timedelta(minutes=5)
+    now = _dt.datetime.now(_dt.UTC) - _dt.timedelta(minutes=5)
     builder = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
@@ -171,7 +171,7 @@ def make_certificates(
         raise ValueError("give at least one --host (the address SuperNodes and users dial)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    now = _dt.datetime.now(_dt.timezone.utc) - _dt.timedelta(minutes=5)
+    now = _dt.datetime.now(_dt.UTC) - _dt.timedelta(minutes=5)
 
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fedvls-flwr CA")])

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .settings import toml_value
+
 BIN_DIR = Path(sys.executable).parent
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 
@@ -125,7 +127,7 @@ class TlsFiles:
     server_key: Path
 
     @classmethod
-    def in_dir(cls, directory: Path) -> "TlsFiles":
+    def in_dir(cls, directory: Path) -> TlsFiles:
         """The layout ``python -m fedvls_flwr.deploy certs DIR`` writes."""
         directory = Path(directory)
         return cls(directory / "ca.pem", directory / "server.pem", directory / "server.key")
@@ -134,14 +136,6 @@ class TlsFiles:
 def node_config_arg(node_config: dict[str, Any]) -> str:
     """A dict as the value of ``flower-supernode --node-config`` (TOML values)."""
     return run_config_arg(node_config)
-
-
-def toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value)  # a TOML basic string
-    return repr(value)
 
 
 def run_config_arg(overrides: dict[str, Any]) -> str:
@@ -290,7 +284,7 @@ class LocalSuperLink:
     def start(
         self, insecure: bool = True, timeout: float = 60.0, *,
         tls: TlsFiles | None = None, supernode_auth: bool = False,
-    ) -> "LocalSuperLink":
+    ) -> LocalSuperLink:
         """Start the SuperLink; ``tls`` serves every API over TLS (``insecure`` is then
         ignored), ``supernode_auth`` only admits SuperNodes whose public key was registered."""
         if tls is not None:
@@ -386,7 +380,7 @@ class LocalSuperLink:
         """What SuperNodes dial: the fence when there is one, else the SuperLink itself."""
         return f"127.0.0.1:{self.fence_port or self.port}"
 
-    def start_fence(self, operator_cert: Path, operator_key: Path, timeout: float = 30.0) -> "LocalSuperLink":
+    def start_fence(self, operator_cert: Path, operator_key: Path, timeout: float = 30.0) -> LocalSuperLink:
         """nginx in front of the (TLS) SuperLink, and the operator link for our ``flwr`` commands.
 
         After this, SuperNodes started here dial the fence, which passes only the Fleet API
@@ -511,7 +505,7 @@ class LocalSuperLink:
         """PIDs of started processes that are still running."""
         return [p.pid for p in self.processes if p.poll() is None]
 
-    def __enter__(self) -> "LocalSuperLink":
+    def __enter__(self) -> LocalSuperLink:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -74,29 +74,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["MODELS", "default_model", "build_model", "count_parameters"]
+from .config import DEFAULT_MODELS, MODELS
 
-MODELS = ("mlp", "logreg", "cnn", "mobilenetv2", "resnet18", "resnet18-imagenet", "resnet32")
-
-_DEFAULTS = {
-    "digits": "mlp",
-    "mnist": "mlp",
-    "mnist10k": "mlp",
-    "fmnist": "mlp",
-    "cifar10": "mobilenetv2",
-    "cifar100": "mobilenetv2",
-    "tinyimagenet": "mobilenetv2",
-    "synthetic": "logreg",
-}
+__all__ = [
+    "MODELS", "default_model", "build_model", "build_run_model", "count_parameters", "classifier_of",
+    "ProjectionModel", "FeatureTap",
+]
 
 
 def default_model(dataset: str) -> str:
     """The paper's model for ``dataset`` (what ``model = "auto"`` resolves to)."""
     try:
-        return _DEFAULTS[dataset]
+        return DEFAULT_MODELS[dataset]
     except KeyError:
         raise ValueError(
-            f"no default model for dataset {dataset!r}; known datasets: {', '.join(_DEFAULTS)}"
+            f"no default model for dataset {dataset!r}; known datasets: {', '.join(DEFAULT_MODELS)}"
         ) from None
 
 
@@ -297,6 +289,76 @@ class CifarResNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.stages(self.stem(x))
         return self.fc(torch.flatten(self.pool(x), 1))
+
+
+# --------------------------------------------------------------------------- features, MOON's projection head
+
+
+def classifier_of(model: nn.Module) -> nn.Linear:
+    """The final linear layer (its input is the model's representation, its output the logits)."""
+    if isinstance(model, nn.Sequential):
+        last = model[-1]
+    else:
+        last = getattr(model, "fc2", None) or getattr(model, "fc", None) or getattr(model, "classifier", None)
+    if not isinstance(last, nn.Linear):
+        raise TypeError(f"{type(model).__name__} has no final nn.Linear classifier")
+    return last
+
+
+class FeatureTap:
+    """Captures the input of a model's classifier on every forward pass (the penultimate
+    representation), without changing the model or its state_dict."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.features: torch.Tensor | None = None
+        self._handle = classifier_of(model).register_forward_pre_hook(self._keep)
+
+    def _keep(self, module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
+        self.features = inputs[0]
+
+    def remove(self) -> None:
+        self._handle.remove()
+
+
+class ProjectionModel(nn.Module):
+    """MOON's network (Li, He, Song, CVPR 2021; their ``ModelFedCon``): the base network's
+    representation h -> Linear(d, d) -> ReLU -> Linear(d, out_dim) = z, the projection
+    the contrastive loss compares, and the classifier Linear(out_dim, C) on z."""
+
+    def __init__(self, base: nn.Module, out_dim: int, num_classes: int) -> None:
+        super().__init__()
+        head = classifier_of(base)
+        width = head.in_features
+        if isinstance(base, nn.Sequential):
+            base[-1] = nn.Identity()
+        else:
+            for name in ("fc2", "fc", "classifier"):
+                if getattr(base, name, None) is head:
+                    setattr(base, name, nn.Identity())
+                    break
+        self.base = base
+        self.projection = nn.Sequential(nn.Linear(width, width), nn.ReLU(inplace=True), nn.Linear(width, out_dim))
+        self.classifier = nn.Linear(out_dim, num_classes)
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits, projection z)."""
+        z = self.projection(self.base(x))
+        return self.classifier(z), z
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.project(x)[0]
+
+
+def build_run_model(cfg, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """The network a run trains: its model (``auto`` resolved), with MOON's projection head
+    when the run's method has one. Server and clients build it the same way."""
+    from .config import model_name
+    from .methods import get_method
+
+    model = build_model(model_name(cfg), input_shape, num_classes)
+    if get_method(cfg.method).projection_head:
+        model = ProjectionModel(model, cfg.moon_projection_dim, num_classes)
+    return model
 
 
 # --------------------------------------------------------------------------- factory

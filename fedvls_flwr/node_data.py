@@ -44,7 +44,6 @@ import json
 import logging
 import os
 import socket
-import tempfile
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -56,7 +55,14 @@ import numpy as np
 import torch
 
 from .config import DATASETS, RunConfig, resolve_path
-from .data import DatasetBundle, DatasetNotFoundError, image_format, load_dataset, load_image_folder
+from .data import (
+    DatasetBundle,
+    DatasetNotFoundError,
+    image_format,
+    load_dataset,
+    load_image_folder,
+)
+from .npz_cache import read_keyed_npz, write_keyed_npz
 from .partition import partition_indices
 from .synthetic import synthetic_dataset
 
@@ -401,59 +407,50 @@ def _cache_path(spec: NodeSpec, identity: dict[str, Any], key: str) -> Path:
 
 
 def _read_cache(path: Path, key: str) -> ClientData | None:
-    if not path.is_file():
+    def warn(err: Exception) -> None:
+        logger.warning("node data: ignoring unreadable cache %s (%s)", path, err)
+
+    arrays = read_keyed_npz(path, key, on_error=warn)
+    if arrays is None:
         return None
     try:
-        with np.load(path, allow_pickle=False) as z:
-            if str(z["key"]) != key:
-                return None
-            meta = json.loads(str(z["meta"]))
-            arrays = {k: torch.from_numpy(np.array(z[k])) for k in ("x", "y", "test_x", "test_y")}
-    except Exception as e:  # noqa: BLE001 - an unreadable cache is rebuilt
-        logger.warning("node data: ignoring unreadable cache %s (%s)", path, e)
+        meta = json.loads(str(arrays["meta"]))
+        x, y, test_x, test_y = (torch.from_numpy(arrays[k]) for k in ("x", "y", "test_x", "test_y"))
+    except (KeyError, ValueError) as err:
+        warn(err)
         return None
     has_test = bool(meta["has_test"])
     return ClientData(
-        arrays["x"], arrays["y"], int(meta["num_classes"]),
+        x, y, int(meta["num_classes"]),
         tuple(meta["mean"]) if meta["mean"] is not None else None,
         tuple(meta["std"]) if meta["std"] is not None else None,
-        test_x=arrays["test_x"] if has_test else None,
-        test_y=arrays["test_y"] if has_test else None,
+        test_x=test_x if has_test else None,
+        test_y=test_y if has_test else None,
         partition_id=int(meta["partition_id"]),
         source=str(meta["source"]),
     )
 
 
 def _write_cache(path: Path, key: str, data: ClientData) -> None:
-    """Atomic write (temporary file + rename); stale files of the same node are removed.
-    A cache that cannot be written only costs a warning."""
+    """Atomic; stale files of the same node are removed. A cache that cannot be written
+    only costs a warning."""
     meta = {
         "num_classes": data.num_classes, "mean": data.mean, "std": data.std,
         "has_test": data.test_x is not None, "partition_id": data.partition_id, "source": data.source,
     }
-    empty_x = data.x[:0]
-    tmp = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "wb") as handle:
-            np.savez(
-                handle, key=np.array(key), meta=np.array(json.dumps(meta)),
-                x=data.x.numpy(), y=data.y.numpy(),
-                test_x=(data.test_x if data.test_x is not None else empty_x).numpy(),
-                test_y=(data.test_y if data.test_y is not None else data.y[:0]).numpy(),
-            )
-        os.replace(tmp, path)
-        tmp = None
+        write_keyed_npz(path, key, {
+            "meta": np.array(json.dumps(meta)),
+            "x": data.x.numpy(), "y": data.y.numpy(),
+            "test_x": (data.test_x if data.test_x is not None else data.x[:0]).numpy(),
+            "test_y": (data.test_y if data.test_y is not None else data.y[:0]).numpy(),
+        })
         slot = path.name.rsplit("-", 1)[0] + "-"
         for other in path.parent.glob(slot + "*.npz"):
             if other != path:
                 other.unlink(missing_ok=True)
     except OSError as e:
         logger.warning("node data: could not write the cache %s: %s (data will be prepared again next time)", path, e)
-    finally:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------------------

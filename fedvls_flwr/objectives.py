@@ -1,7 +1,9 @@
 """Local training objectives: FedAvg, FedLC, FedNTD, FedVLS (bounded and paper forms).
 
-Plain PyTorch; no Flower import. See SPEC.md (sections FedAvg, FedLC, FedNTD, FedVLS and
-"The paper's L_logit is ill-posed as written").
+Plain PyTorch; no Flower import. The formulas, their papers and where the authors' code
+differs are in docs/methods.md. Each objective is registered, with its run-config keys, in
+:mod:`fedvls_flwr.methods`; :func:`build_objective` hands it exactly those keys (kebab-case,
+as users write them), already checked against their declared rules.
 
 Conventions
 -----------
@@ -30,18 +32,18 @@ Conventions
 
 from __future__ import annotations
 
+import importlib
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = [
-    "METHODS",
     "MASK_VALUE",
     "PRIOR_EPS",
-    "ObjectiveParams",
     "Objective",
     "FedAvgObjective",
     "FedLCObjective",
@@ -51,28 +53,10 @@ __all__ = [
     "build_objective",
 ]
 
-METHODS = ("fedavg", "fedlc", "fedntd", "fedvls", "fedvls-paper")
-
 #: Finite stand-in for -inf: a masked logit contributes exp(MASK_VALUE - max) == 0 exactly.
 MASK_VALUE = -1e9
-#: Epsilon added to the prior inside logs (SPEC, FedVLS point 2).
+#: Epsilon added to the prior inside logs (the FedVLS authors' code; docs/methods.md).
 PRIOR_EPS = 1e-9
-
-_DEFAULT_LOGIT_WEIGHT = {"fedvls": 0.005, "fedvls-paper": 1.0}
-_FEDLC_FORMS = ("standard", "paper")
-
-
-@dataclass(frozen=True)
-class ObjectiveParams:
-    lambda_dis: float = 0.1  # FedVLS vacant-class distillation weight
-    logit_weight: float | None = None  # None -> 0.005 for "fedvls", 1.0 for "fedvls-paper"
-    use_dis: bool = True  # ablation switch for L_dis (paper Table 5)
-    use_logit: bool = True  # ablation switch for L_logit
-    fedlc_tau: float = 0.5
-    fedlc_form: str = "standard"  # "standard" | "paper" (denominator over c != y)
-    fedntd_beta: float = 1.0
-    fedntd_tau: float = 1.0
-
 
 def _as_float(x: Tensor) -> Tensor:
     """Upcast half-precision logits; keep float32 / float64 as they are."""
@@ -94,8 +78,15 @@ class Objective:
     name: str = ""
     needs_teacher: bool = False
     term_names: tuple[str, ...] = ()
+    #: What the training loop computes with the frozen teacher for prepare_teacher:
+    #: "logits" of the received global model, or "projections" (MOON: the projections of
+    #: the global model and of this client's previous local model, side by side).
+    teacher_output: str = "logits"
+    #: What loss_terms needs of the model besides its logits: None, "penultimate" (the
+    #: classifier's input) or "projection" (MOON's projection head output).
+    features: str | None = None
 
-    def __init__(self, class_counts: Tensor, params: ObjectiveParams) -> None:
+    def __init__(self, class_counts: Tensor, params: Mapping[str, Any]) -> None:
         counts = torch.as_tensor(class_counts)
         if counts.dim() != 1 or counts.numel() == 0:
             raise ValueError(f"class_counts must be a non-empty 1-D tensor, got shape {tuple(counts.shape)}")
@@ -143,11 +134,32 @@ class Objective:
         """
         return None
 
-    def loss_terms(self, logits: Tensor, targets: Tensor, teacher: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    @property
+    def teacher_mode(self) -> str:
+        """Mode the frozen teacher runs in ("eval" or "train")."""
+        return str(self.params.get("teacher-mode", "eval"))
+
+    def bind_global(self, model: torch.nn.Module) -> None:
+        """Called once per round before training, while ``model`` holds the received global
+        weights (FedProx keeps a copy of them)."""
+
+    def after_backward(self, params: list[torch.nn.Parameter]) -> Tensor | None:
+        """Called after every backward pass: a term that acts on the weights rather than the
+        logits adds its gradient to ``params``' gradients here and returns its value as a
+        detached (K,) tensor (zeros elsewhere) to add to the step's terms; None otherwise."""
+        return None
+
+    def loss_terms(
+        self, logits: Tensor, targets: Tensor, teacher: Tensor | None = None, features: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         """The hot path: ``(loss, terms)``, ``terms`` a detached (K,) tensor in
-        ``term_names`` order. ``teacher``: rows of :meth:`prepare_teacher` for this batch.
+        ``term_names`` order. ``teacher``: rows of :meth:`prepare_teacher` for this batch;
+        ``features``: what :attr:`features` names, for this batch.
         No input validation (see :meth:`__call__`)."""
-        terms = self._compute(_as_float(logits), targets, teacher)
+        if features is None:
+            terms = self._compute(_as_float(logits), targets, teacher)
+        else:
+            terms = self._compute(_as_float(logits), targets, teacher, features=features)
         values = list(terms.values())
         loss = values[0]
         for t in values[1:]:
@@ -157,9 +169,10 @@ class Objective:
         return loss, torch.stack([t.detach() for t in values])
 
     def __call__(
-        self, logits: Tensor, targets: Tensor, teacher_logits: Tensor | None = None
+        self, logits: Tensor, targets: Tensor, teacher_logits: Tensor | None = None, features: Tensor | None = None
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        """Checked entry point: the loss and a dict of its terms, from raw teacher logits."""
+        """Checked entry point: the loss and a dict of its terms, from the raw teacher output
+        (logits, or MOON's projections)."""
         if logits.dim() != 2 or logits.shape[1] != self.num_classes:
             raise ValueError(
                 f"logits must have shape (B, {self.num_classes}), got {tuple(logits.shape)}"
@@ -172,12 +185,14 @@ class Objective:
         if self.needs_teacher:
             if teacher_logits is None:
                 raise ValueError(f"objective {self.name!r} needs teacher_logits")
-            if teacher_logits.shape != logits.shape:
+            if self.teacher_output == "logits" and teacher_logits.shape != logits.shape:
                 raise ValueError(
                     f"teacher_logits must have shape {tuple(logits.shape)}, got {tuple(teacher_logits.shape)}"
                 )
             teacher = self.prepare_teacher(teacher_logits, targets)
-        loss, terms = self.loss_terms(logits, targets, teacher)
+        if self.features is not None and features is None:
+            raise ValueError(f"objective {self.name!r} needs the model's {self.features} features")
+        loss, terms = self.loss_terms(logits, targets, teacher, features)
         return loss, dict(zip(self.term_names, terms.unbind()))
 
     def _compute(self, logits: Tensor, targets: Tensor, teacher: Tensor | None) -> dict[str, Tensor]:
@@ -196,7 +211,7 @@ class FedAvgObjective(Objective):
     name = "fedavg"
     term_names = ("ce",)
 
-    def _compute(self, logits, targets, teacher):
+    def _compute(self, logits: Tensor, targets: Tensor, teacher: Tensor | None) -> dict[str, Tensor]:
         return {"ce": F.cross_entropy(logits, targets)}
 
 
@@ -212,17 +227,15 @@ class FedLCObjective(Objective):
     name = "fedlc"
     term_names = ("ce",)
 
-    def __init__(self, class_counts, params):
+    def __init__(self, class_counts: Tensor, params: Mapping[str, Any]) -> None:
         super().__init__(class_counts, params)
-        if params.fedlc_form not in _FEDLC_FORMS:
-            raise ValueError(f"fedlc_form must be one of {_FEDLC_FORMS}, got {params.fedlc_form!r}")
-        self.form = params.fedlc_form
+        self.form = params["fedlc-form"]
         n = self.class_counts.double().clamp(min=1.0)  # clamp: never 0^(-1/4)
         self.margin = torch.where(
-            self.present, params.fedlc_tau * n.pow(-0.25), torch.zeros_like(n)
+            self.present, params["fedlc-tau"] * n.pow(-0.25), torch.zeros_like(n)
         )  # (C,) float64
 
-    def _compute(self, logits, targets, teacher):
+    def _compute(self, logits: Tensor, targets: Tensor, teacher: Tensor | None) -> dict[str, Tensor]:
         z = torch.where(self.present, logits - self._buf("margin", logits.dtype), MASK_VALUE)
         if self.form == "standard":
             return {"ce": F.cross_entropy(z, targets)}
@@ -238,14 +251,12 @@ class FedNTDObjective(Objective):
     name = "fedntd"
     term_names = ("ce", "ntd")
 
-    def __init__(self, class_counts, params):
+    def __init__(self, class_counts: Tensor, params: Mapping[str, Any]) -> None:
         super().__init__(class_counts, params)
         if self.num_classes < 2:
             raise ValueError("FedNTD needs at least 2 classes")
-        self.beta = float(params.fedntd_beta)
-        self.tau = float(params.fedntd_tau)
-        if self.tau <= 0:
-            raise ValueError("fedntd_tau must be positive")
+        self.beta = float(params["fedntd-beta"])
+        self.tau = float(params["fedntd-tau"])
         # the teacher can change the loss only through the beta-weighted term
         self.needs_teacher = self.beta != 0.0
         self._cols = torch.arange(self.num_classes - 1, device=self.device)  # (C-1,)
@@ -255,14 +266,14 @@ class FedNTDObjective(Objective):
         idx = self._cols[None, :] + (self._cols[None, :] >= targets[:, None]).long()
         return x.gather(1, idx)
 
-    def prepare_teacher(self, teacher_logits, targets):
+    def prepare_teacher(self, teacher_logits: Tensor, targets: Tensor) -> Tensor | None:
         """log softmax(g_{!=y} / tau): the teacher's not-true distribution of each sample."""
         if not self.needs_teacher:
             return None
         g = _as_float(teacher_logits.detach())
         return F.log_softmax(self._not_true(g, targets) / self.tau, dim=1)
 
-    def _compute(self, logits, targets, teacher):
+    def _compute(self, logits: Tensor, targets: Tensor, teacher: Tensor | None) -> dict[str, Tensor]:
         ce = F.cross_entropy(logits, targets)
         if teacher is None:  # beta == 0
             return {"ce": ce, "ntd": logits.new_zeros(())}
@@ -286,14 +297,14 @@ class FedVLSObjective(Objective):
     name = "fedvls"
     term_names = ("cal", "dis", "logit")
     paper = False
+    logit_weight_key = "logit-weight"
 
-    def __init__(self, class_counts, params):
+    def __init__(self, class_counts: Tensor, params: Mapping[str, Any]) -> None:
         super().__init__(class_counts, params)
-        self.lambda_dis = float(params.lambda_dis)
-        lw = params.logit_weight
-        self.logit_weight = float(_DEFAULT_LOGIT_WEIGHT[self.name] if lw is None else lw)
-        self.use_dis = bool(params.use_dis) and self.num_vacant >= 2 and self.lambda_dis != 0.0
-        self.use_logit = bool(params.use_logit) and self.logit_weight != 0.0
+        self.lambda_dis = float(params["lambda-dis"])
+        self.logit_weight = float(params[self.logit_weight_key])
+        self.use_dis = bool(params["use-dis"]) and self.num_vacant >= 2 and self.lambda_dis != 0.0
+        self.use_logit = bool(params["use-logit"]) and self.logit_weight != 0.0
         self.needs_teacher = self.use_dis
         C = self.num_classes
         log_prior_eps = torch.log(self.prior + PRIOR_EPS)  # (C,) float64
@@ -310,7 +321,7 @@ class FedVLSObjective(Objective):
         # sum_c p(c) over the present classes: 1 up to rounding, kept exact for the log(B) term
         self.prior_mass = float(self.logit_prior.sum())
 
-    def prepare_teacher(self, teacher_logits, targets):
+    def prepare_teacher(self, teacher_logits: Tensor, targets: Tensor) -> Tensor | None:
         """Per sample: the teacher's softmax over the vacant classes, q_g (V columns), and
         sum_v q_g log q_g (one column), the part of the KL that the student cannot change."""
         if not self.use_dis:
@@ -320,7 +331,9 @@ class FedVLSObjective(Objective):
         q = log_q.exp()
         return torch.cat([q, (q * log_q).sum(dim=1, keepdim=True)], dim=1)
 
-    def loss_terms(self, logits, targets, teacher=None):
+    def loss_terms(
+        self, logits: Tensor, targets: Tensor, teacher: Tensor | None = None, features: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         return _FusedFedVLS.apply(_as_float(logits), targets, teacher, self)
 
     # -- the three terms: value and gradient w.r.t. the logits, no autograd -------------
@@ -373,8 +386,9 @@ class FedVLSPaperObjective(FedVLSObjective):
 
     name = "fedvls-paper"
     paper = True
+    logit_weight_key = "paper-logit-weight"
 
-    def _logit(self, f, targets, grad):
+    def _logit(self, f: Tensor, targets: Tensor, grad: Tensor) -> Tensor:
         B = f.shape[0]
         f_p = f if self.all_present else f.index_select(1, self.present_idx)  # (B, P)
         is_c = targets[:, None] == self.present_idx[None, :]  # (B, P)
@@ -384,6 +398,181 @@ class FedVLSPaperObjective(FedVLSObjective):
         value = (w_prior * (lse - math.log(B))).sum()
         self._add_present(grad, soft.mul_(w_prior))  # masked entries: exp(MASK - max) = 0
         return value
+
+
+class FedProxObjective(Objective):
+    """CE + (mu/2) ||w - w_global||^2 over the trainable parameters (Li et al., MLSys 2020).
+
+    The proximal term acts on the weights, not the logits: its gradient mu (w - w_global)
+    is added to the parameters' gradients after every backward pass (the same gradient as
+    adding the term to the loss, as the PyTorch implementations do), and its value is
+    reported as the term ``prox``.
+    """
+
+    name = "fedprox"
+    term_names = ("ce", "prox")
+
+    def __init__(self, class_counts: Tensor, params: Mapping[str, Any]) -> None:
+        super().__init__(class_counts, params)
+        self.mu = float(params["fedprox-mu"])
+        self.anchor: list[Tensor] = []
+
+    def bind_global(self, model: torch.nn.Module) -> None:
+        self.anchor = [p.detach().clone() for p in model.parameters() if p.requires_grad]
+
+    def after_backward(self, params: list[torch.nn.Parameter]) -> Tensor | None:
+        if not self.anchor:
+            raise RuntimeError("FedProxObjective.bind_global(model) must be called before training")
+        with torch.no_grad():
+            diff = torch._foreach_sub([p.detach() for p in params], self.anchor)
+            value = 0.5 * self.mu * torch.stack(torch._foreach_norm(diff)).square().sum()
+            if self.mu != 0.0:
+                grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+                torch._foreach_add_(grads, diff, alpha=self.mu)
+                for p, g in zip(params, grads):
+                    p.grad = g
+        return torch.stack([value.new_zeros(()), value])
+
+    def _compute(self, logits: Tensor, targets: Tensor, teacher: Tensor | None) -> dict[str, Tensor]:
+        return {"ce": F.cross_entropy(logits, targets), "prox": logits.new_zeros(())}
+
+
+class FedRSObjective(Objective):
+    """Restricted softmax (Li & Zhan, KDD 2021): CE on the logits with those of the classes
+    the client does not hold scaled by alpha in (0, 1] (``fedrs-form = "binary"``, the form
+    of the FedVLS and FedDecorr baselines), or every class c scaled by
+    alpha + (1 - alpha) n_c / max_k n_k (``"proportional"``, the FedRS authors' code)."""
+
+    name = "fedrs"
+    term_names = ("ce",)
+
+    def __init__(self, class_counts: Tensor, params: Mapping[str, Any]) -> None:
+        super().__init__(class_counts, params)
+        alpha = float(params["fedrs-alpha"])
+        counts = self.class_counts.double()
+        if params["fedrs-form"] == "binary":
+            self.scale = torch.where(self.present, counts.new_ones(()), counts.new_full((), alpha))
+        else:
+            self.scale = alpha + (1 - alpha) * counts / counts.max()
+
+    def _compute(self, logits: Tensor, targets: Tensor, teacher: Tensor | None) -> dict[str, Tensor]:
+        return {"ce": F.cross_entropy(logits * self._buf("scale", logits.dtype), targets)}
+
+
+class MOONObjective(Objective):
+    """CE + mu * l_con (Li, He, Song, CVPR 2021), on the projection z of the local model:
+
+        l_con = -log( e^{sim(z, z_g)/tau} / (e^{sim(z, z_g)/tau} + e^{sim(z, z_prev)/tau}) ),
+
+    sim the cosine similarity, z_g the projection of the received global model (the
+    positive), z_prev that of this client's model after its previous local training (the
+    negative); both frozen, in eval mode. A client training for the first time has no
+    previous model: the term is 0 then, as in the MOON authors' code (its pool of previous
+    models is empty in the first round).
+    """
+
+    name = "moon"
+    term_names = ("ce", "con")
+    teacher_output = "projections"
+    features = "projection"
+
+    def __init__(self, class_counts: Tensor, params: Mapping[str, Any]) -> None:
+        super().__init__(class_counts, params)
+        self.mu = float(params["moon-mu"])
+        self.tau = float(params["moon-tau"])
+        self.needs_teacher = self.mu != 0.0
+
+    @property
+    def teacher_mode(self) -> str:
+        return "eval"
+
+    def prepare_teacher(self, teacher_logits: Tensor, targets: Tensor) -> Tensor | None:
+        """Unit-length z_g (and z_prev when there is a previous model), side by side."""
+        if not self.needs_teacher:
+            return None
+        z = _as_float(teacher_logits.detach())
+        halves = z.chunk(2, dim=1) if self.has_previous(z) else (z,)
+        return torch.cat([F.normalize(h, dim=1) for h in halves], dim=1)
+
+    def has_previous(self, teacher: Tensor) -> bool:
+        return teacher.shape[1] == 2 * int(self.params["moon-projection-dim"])
+
+    def _compute(self, logits: Tensor, targets: Tensor, teacher: Tensor | None, *, features: Tensor) -> dict[str, Tensor]:
+        ce = F.cross_entropy(logits, targets)
+        if teacher is None or not self.has_previous(teacher):
+            return {"ce": ce, "con": logits.new_zeros(())}
+        z = F.normalize(_as_float(features), dim=1)
+        z_g, z_prev = teacher.to(z.dtype).chunk(2, dim=1)
+        sims = torch.stack([(z * z_g).sum(dim=1), (z * z_prev).sum(dim=1)], dim=1) / self.tau
+        con = F.cross_entropy(sims, torch.zeros_like(targets))
+        return {"ce": ce, "con": self.mu * con}
+
+
+class FedLMDObjective(Objective):
+    """Label-masking distillation (Lu et al., ACM MM 2023; the authors' ``LMD_Loss``):
+
+        L = CE(f, y) + beta * T^2 * KL( softmax(g/T - 1000 [major] - 1000 [y]) || softmax(f/T - 1000 [y]) ),
+
+    batch mean, g the frozen global model's logits. The "major" classes are those the
+    client holds more samples of than its mean count over all C classes (zeros included),
+    so the teacher distils only the client's minority and absent classes; the label is
+    masked on both sides. The mask is the authors' additive -1000.
+    """
+
+    name = "fedlmd"
+    term_names = ("ce", "lmd")
+    MASK = 1000.0
+
+    def __init__(self, class_counts: Tensor, params: Mapping[str, Any]) -> None:
+        super().__init__(class_counts, params)
+        self.beta = float(params["fedlmd-beta"])
+        self.tau = float(params["fedlmd-tau"])
+        counts = self.class_counts.double()
+        self.major = (counts > counts.mean()).double() * self.MASK  # (C,)
+        self.needs_teacher = self.beta != 0.0
+
+    def prepare_teacher(self, teacher_logits: Tensor, targets: Tensor) -> Tensor | None:
+        """log softmax(g/T - 1000 [major] - 1000 [y]) per sample."""
+        if not self.needs_teacher:
+            return None
+        g = _as_float(teacher_logits.detach())
+        masked = g / self.tau - self._buf("major", g.dtype) - self.MASK * F.one_hot(targets, self.num_classes).to(g.dtype)
+        return F.log_softmax(masked, dim=1)
+
+    def _compute(self, logits: Tensor, targets: Tensor, teacher: Tensor | None) -> dict[str, Tensor]:
+        ce = F.cross_entropy(logits, targets)
+        if teacher is None:
+            return {"ce": ce, "lmd": logits.new_zeros(())}
+        gt = self.MASK * F.one_hot(targets, self.num_classes).to(logits.dtype)
+        log_s = F.log_softmax(logits / self.tau - gt, dim=1)
+        kl = _kl_log(teacher.to(logits.dtype), log_s)
+        return {"ce": ce, "lmd": (self.beta * self.tau**2) * kl}
+
+
+class FedDecorrObjective(Objective):
+    """CE + beta * L_decorr on the penultimate representation h (B, d) (Shi et al., ICLR
+    2023; the authors' ``FedDecorrLoss``): h standardised per dimension over the batch
+    (unbiased variance + 1e-8), K = h^T h, L_decorr = mean of K_ij^2 over i != j, divided
+    by B. Zero for a batch of one sample."""
+
+    name = "feddecorr"
+    term_names = ("ce", "decorr")
+    features = "penultimate"
+
+    def __init__(self, class_counts: Tensor, params: Mapping[str, Any]) -> None:
+        super().__init__(class_counts, params)
+        self.beta = float(params["feddecorr-beta"])
+
+    def _compute(self, logits: Tensor, targets: Tensor, teacher: Tensor | None, *, features: Tensor) -> dict[str, Tensor]:
+        ce = F.cross_entropy(logits, targets)
+        h = _as_float(features)
+        n, d = h.shape
+        if n <= 1 or d <= 1:
+            return {"ce": ce, "decorr": logits.new_zeros(())}
+        h = (h - h.mean(dim=0)) / torch.sqrt(h.var(dim=0) + 1e-8)
+        k = h.T @ h
+        off = k.square().sum() - k.diagonal().square().sum()
+        return {"ce": ce, "decorr": self.beta * off / (d * (d - 1)) / n}
 
 
 def _logsumexp_softmax_dim0(z: Tensor) -> tuple[Tensor, Tensor]:
@@ -418,20 +607,26 @@ class _FusedFedVLS(torch.autograd.Function):
         return grad * grad_loss, None, None, None
 
 
-_REGISTRY: dict[str, type[Objective]] = {
-    "fedavg": FedAvgObjective,
-    "fedlc": FedLCObjective,
-    "fedntd": FedNTDObjective,
-    "fedvls": FedVLSObjective,
-    "fedvls-paper": FedVLSPaperObjective,
-}
+def build_objective(method: str, class_counts: Tensor, params: Mapping[str, Any] | None = None) -> Objective:
+    """The local objective of ``method`` for a client with ``class_counts`` (C,).
 
+    ``params``: method settings (kebab-case run-config keys, e.g. from
+    :func:`fedvls_flwr.methods.method_params`); the method's own keys are taken from it
+    (defaults for the missing ones) and checked against their declared rules; other
+    methods' keys are ignored, so one dict can serve every method.
+    """
+    from .methods import get_method, method_settings
 
-def build_objective(
-    method: str, class_counts: Tensor, params: ObjectiveParams = ObjectiveParams()
-) -> Objective:
-    """Build the local objective of ``method`` for a client with ``class_counts`` (C,)."""
-    cls = _REGISTRY.get(method)
-    if cls is None:
-        raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
-    return cls(class_counts, params)
+    spec = get_method(method)
+    known = {s.key for s in method_settings()}
+    unknown = sorted(set(params or {}) - known)
+    if unknown:
+        raise ValueError(f"unknown objective parameter(s) {unknown}; known: {sorted(known)}")
+    values = spec.defaults()
+    for setting in spec.settings:
+        if params is not None and setting.key in params:
+            values[setting.key] = setting.coerce(params[setting.key])
+            setting.validate(values[setting.key])
+    module, _, name = spec.impl.partition(":")
+    cls = getattr(importlib.import_module(module), name)
+    return cls(class_counts, values)

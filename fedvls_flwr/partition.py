@@ -16,6 +16,16 @@ same split independently (nothing has to be shipped between processes):
     contiguous shards, each client receives ``shards_per_client`` random shards. When the
     pool size is not a multiple of the number of shards, shard sizes differ by at most one
     (``np.array_split``) so that no sample is dropped.
+``noniid-labeldir``
+    The split of the FedVLS authors' code for its quantity-skew table (named so there):
+    every client holds ``shards_per_client`` (s) classes, assigned in a fixed order - class
+    0 to the first ``int(N / C * s)`` clients that still take classes, class 1 to the
+    next ones with room, and so on - and each class's samples (in pool order) are cut among
+    its holders at random, unequal sizes: all but the last holder draw a size uniformly in
+    [max(n_c / k / 10, 10 / C), n_c) for 10-class datasets or [.., n_c / k) otherwise
+    (n_c the class's samples, k its holders), the last holder takes the rest. Where the
+    authors' draw would leave the last holder a negative count (possible with more than
+    two holders per class on 10-class data) the class's sizes are drawn again.
 ``iid``
     A random permutation cut into ``N`` near-equal parts.
 
@@ -29,7 +39,7 @@ from numbers import Integral, Real
 
 import numpy as np
 
-PARTITIONS = ("dirichlet", "shards", "iid")
+PARTITIONS = ("dirichlet", "shards", "noniid-labeldir", "iid")
 
 __all__ = ["PARTITIONS", "PartitionError", "class_counts", "partition_indices"]
 
@@ -110,6 +120,8 @@ def partition_indices(
         parts = np.array_split(rng.permutation(n), num_partitions)
     elif kind == "shards":
         parts = _shards(y, num_partitions, shards_per_client, rng)
+    elif kind == "noniid-labeldir":
+        parts = _label_dir(y, num_partitions, shards_per_client, max_redraws, rng)
     else:
         parts = _dirichlet(y, num_partitions, dirichlet_beta, min_size, max_redraws, rng)
     return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
@@ -128,6 +140,46 @@ def _shards(y: np.ndarray, num_partitions: int, shards_per_client, rng) -> list[
     shards = np.array_split(order, num_shards)
     assignment = rng.permutation(num_shards).reshape(num_partitions, shards_per_client)
     return [np.concatenate([shards[s] for s in row]) for row in assignment]
+
+
+def _label_dir(y: np.ndarray, num_partitions: int, classes_per_client, max_redraws: int, rng) -> list[np.ndarray]:
+    classes_per_client = _check_int("shards_per_client", classes_per_client, 1)
+    num_classes = int(y.max()) + 1
+    holders_per_class = int(num_partitions / num_classes * classes_per_client)
+    if holders_per_class < 1:
+        raise PartitionError(
+            f"noniid-labeldir: {num_partitions} clients x {classes_per_client} classes each cannot cover "
+            f"{num_classes} classes (int(N / C * s) = 0 holders per class): use more clients or shards_per_client"
+        )
+    room = [classes_per_client] * num_partitions
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_partitions)]
+    for c in range(num_classes):
+        holders = [j for j in range(num_partitions) if room[j] > 0][:holders_per_class]
+        if not holders:
+            raise PartitionError(
+                f"noniid-labeldir: no client has room left for class {c} ({num_partitions} clients x "
+                f"{classes_per_client} classes for {num_classes} classes): raise shards_per_client or the clients"
+            )
+        idx = np.flatnonzero(y == c)
+        k = len(holders)
+        per = idx.size / k
+        low, high = int(max(per / 10, 10 / num_classes)), int(idx.size if num_classes <= 10 else per)
+        for _ in range(max_redraws):
+            sizes = rng.integers(low, max(high, low + 1), k - 1).tolist() if k > 1 else []
+            sizes.append(idx.size - sum(sizes))
+            if sizes[-1] >= 0:
+                break
+        else:
+            raise PartitionError(
+                f"noniid-labeldir: class {c} ({idx.size} samples) could not be cut among {k} clients "
+                f"after max_redraws={max_redraws} draws: use fewer clients per class"
+            )
+        start = 0
+        for j, size in zip(holders, sizes):
+            parts[j].append(idx[start : start + size])
+            start += size
+            room[j] -= 1
+    return [np.concatenate(p) if p else np.empty(0, np.int64) for p in parts]
 
 
 def _dirichlet(

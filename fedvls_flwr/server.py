@@ -17,17 +17,26 @@ from flwr.app import ArrayRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from .client import model_name
-from .config import ConfigError, RunConfig
+from .config import ConfigError, RunConfig, model_name
+from .data import DatasetBundle, DatasetNotFoundError, image_format
 from .diagnostics import local_update_view
-from .models import build_model
-from .data import DatasetNotFoundError, image_format
+from .models import build_run_model
 from .node_data import dataset_for
 from .results import (
-    CHECKPOINT_FILE, CONFIG_FILE, STATE_FILE, RunWriter, atomic_write_json, load_arrays, read_rounds, summarize,
+    CHECKPOINT_FILE,
+    CONFIG_FILE,
+    STATE_FILE,
+    RunWriter,
+    atomic_write_json,
+    load_arrays,
+    read_rounds,
+    summarize,
 )
-from .strategy import FedVLSStrategy, RoundReport, to_array_record, to_numpy_dict
+from .strategy import CheckedFedAvg, RoundReport, to_array_record, to_numpy_dict
 from .training import evaluate, resolve_device
+
+#: Checkpoint arrays under this prefix are the server optimizer's state, not the model's.
+SERVER_STATE_PREFIX = "server-optimizer/"
 
 # Keys that may differ between a run and its resumption (everything else must match).
 RESUMABLE_CHANGES = {"resume", "num-server-rounds", "round-timeout", "round-retries", "device", "torch-threads"}
@@ -75,15 +84,22 @@ def run_experiment(grid: Grid, cfg: RunConfig) -> Path:
         input_shape, num_classes = tuple(fmt.shape), fmt.num_classes
     device = resolve_device("cpu" if cfg.device == "cpu" else "auto")
     torch.manual_seed(cfg.seed)
-    model = build_model(model_name(cfg), input_shape, num_classes)
+    model = build_run_model(cfg, input_shape, num_classes)
     writer = RunWriter(run_dir)
     writer.rounds = saved_rounds
     atomic_write_json(run_dir / CONFIG_FILE, cfg.to_flower())
     log(INFO, "fedvls: %s on %s (%s), %s evaluation, results in %s",
         cfg.method, cfg.dataset, model_name(cfg), evaluation, run_dir)
-    strategy = FedVLSStrategy(cfg)
+    strategy = CheckedFedAvg(cfg)
+    if saved_arrays is not None:
+        strategy.server_optimizer.load_state(
+            {k[len(SERVER_STATE_PREFIX):]: v for k, v in saved_arrays.items() if k.startswith(SERVER_STATE_PREFIX)}
+        )
+        saved_arrays = {k: v for k, v in saved_arrays.items() if not k.startswith(SERVER_STATE_PREFIX)}
 
     def evaluate_global(arrays: ArrayRecord, server_round: int = 0) -> dict:
+        # the model whose accuracy a round reports (FedExP may average the last two)
+        arrays = to_array_record(strategy.server_optimizer.evaluation_arrays(to_numpy_dict(arrays)))
         if bundle is None:
             return {**strategy.evaluate_federated(grid, arrays, server_round), "evaluation": "federated"}
         model.load_state_dict(arrays.to_torch_state_dict())
@@ -111,7 +127,11 @@ def run_experiment(grid: Grid, cfg: RunConfig) -> Path:
             **metrics,
             "train": report.train_metrics,
             "drift_diversity": report.drift_diversity,
+            **({} if report.server_step_size is None else {"server_step_size": report.server_step_size}),
             "clients_sampled": report.sampled,
+            "sampled_partitions": sorted(
+                (strategy.partitions.get(n) for n in report.sampled_nodes), key=lambda p: (p is None, p or 0)
+            ),
             "clients_accepted": report.accepted,
             "clients_failed": len(report.failed),
             "clients_rejected": len(report.rejected),
@@ -128,7 +148,8 @@ def run_experiment(grid: Grid, cfg: RunConfig) -> Path:
         # rounds.jsonl first, then the checkpoint, then the state that points at both:
         # a kill between two writes leaves a state that still names a complete round.
         writer.append_round(record)
-        writer.save_checkpoint(to_numpy_dict(arrays))
+        server_state = {SERVER_STATE_PREFIX + k: v for k, v in strategy.server_optimizer.state().items()}
+        writer.save_checkpoint({**to_numpy_dict(arrays), **server_state})
         atomic_write_json(run_dir / STATE_FILE, {"round": server_round})
         log(
             INFO, "round %d/%d: accuracy %s  loss %s  train-loss %s  clients %d/%d  %.2fs",
@@ -167,7 +188,7 @@ def _fmt(value) -> str:
     return "n/a" if value is None else f"{value:.4f}"
 
 
-def server_test_set(cfg: RunConfig):
+def server_test_set(cfg: RunConfig) -> DatasetBundle | None:
     """The run dataset (with its test split) when the server has it, per ``evaluation``."""
     if cfg.evaluation == "federated":
         return None

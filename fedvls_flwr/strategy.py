@@ -17,17 +17,30 @@ from dataclasses import dataclass, field
 from logging import INFO, WARNING
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
-from .aggregation import Reply, average_metrics, check_reply, drift_diversity, weighted_average
+from . import protocol
+from .aggregation import (
+    Reply,
+    average_metrics,
+    check_reply,
+    drift_diversity,
+    weighted_average,
+)
 from .config import RunConfig
-
-ARRAYS_KEY = "arrays"
-CONFIG_KEY = "config"
-METRICS_KEY = "metrics"
+from .methods import part_params
+from .server_optim import build_server_optimizer
 
 #: Seconds between the simulation Grid's checks for replies (Flower's default: 0.1).
 SIMULATION_PULL_INTERVAL = 0.01
@@ -73,6 +86,7 @@ class RoundReport:
 
     server_round: int
     sampled: int = 0
+    sampled_nodes: list[int] = field(default_factory=list)
     accepted: int = 0
     failed: list[dict] = field(default_factory=list)    # client raised / no reply
     rejected: list[dict] = field(default_factory=list)  # reply failed the checks
@@ -80,23 +94,24 @@ class RoundReport:
     clients: list[dict] = field(default_factory=list)   # per accepted client: partition, class counts
     num_examples: float = 0.0
     drift_diversity: float = float("nan")
+    server_step_size: float | None = None  # FedExP's eta_g of the round
     attempts: int = 0
     seconds: float = 0.0
 
 
 def pool_evaluations(replies: list[dict]) -> dict:
     """Sum per-class correct/total counts of the nodes' evaluations (sample-weighted)."""
-    usable = [r for r in replies if r.get("num-examples", 0) > 0 and "total-per-class" in r]
+    usable = [r for r in replies if r.get(protocol.NUM_EXAMPLES, 0) > 0 and protocol.TOTAL_PER_CLASS in r]
     if not usable:
         return {"accuracy": None, "loss": None, "per_class_accuracy": None, "eval_nodes": 0, "eval_examples": 0}
-    correct = np.sum([np.asarray(r["correct-per-class"], dtype=np.float64) for r in usable], axis=0)
-    total = np.sum([np.asarray(r["total-per-class"], dtype=np.float64) for r in usable], axis=0)
+    correct = np.sum([np.asarray(r[protocol.CORRECT_PER_CLASS], dtype=np.float64) for r in usable], axis=0)
+    total = np.sum([np.asarray(r[protocol.TOTAL_PER_CLASS], dtype=np.float64) for r in usable], axis=0)
     n = float(total.sum())
     with np.errstate(invalid="ignore", divide="ignore"):
         per_class = np.where(total > 0, correct / np.maximum(total, 1), np.nan)
     return {
         "accuracy": float(correct.sum() / n),
-        "loss": float(sum(r["loss-sum"] for r in usable) / n),
+        "loss": float(sum(r[protocol.LOSS_SUM] for r in usable) / n),
         "per_class_accuracy": [float(v) for v in per_class],
         "eval_nodes": len(usable),
         "eval_examples": int(n),
@@ -107,8 +122,10 @@ class RoundFailedError(RuntimeError):
     """Too few usable replies in a round, after the configured retries."""
 
 
-class FedVLSStrategy(FedAvg):
-    """Sample-weighted FedAvg aggregation for every local objective (FedVLS included)."""
+class CheckedFedAvg(FedAvg):
+    """FedAvg whose replies are checked: seeded sampling, the whole run config broadcast,
+    every reply checked against the global model, sample-weighted averaging in float64,
+    and a failure policy (retries, min-fit-fraction). Used with every local objective."""
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(
@@ -116,39 +133,73 @@ class FedVLSStrategy(FedAvg):
             fraction_evaluate=0.0,  # the global model is evaluated on the server's test set
             min_train_nodes=1,
             min_available_nodes=cfg.min_nodes,
-            arrayrecord_key=ARRAYS_KEY,
-            configrecord_key=CONFIG_KEY,
+            arrayrecord_key=protocol.ARRAYS,
+            configrecord_key=protocol.CONFIG,
         )
         self.cfg = cfg
+        self.server_optimizer = build_server_optimizer(cfg.server_optimizer, part_params(cfg, "server-optimizer"))
         self.report = RoundReport(0)
         self._federation_assembled = False  # min-nodes were connected once (see _wait_for_nodes)
+        self.partitions: dict[int, int] = {}  # node id -> partition id (queries and replies)
+        self.sizes: dict[int, float] = {}  # node id -> its last num-examples (message order)
 
     # ---- sampling and broadcast -------------------------------------------
     def sample(self, node_ids: list[int], server_round: int) -> list[int]:
-        """A seeded sample of ``fraction-train`` of the nodes (at least one)."""
-        nodes = sorted(node_ids)
-        k = max(1, int(len(nodes) * self.cfg.fraction_train + 1e-9))
+        """A seeded sample of ``fraction-train`` of the nodes (at least one), drawn over the
+        nodes ordered by partition id.
+
+        Flower's node ids are random per run; ordered by partition id (the same every run)
+        two runs with the same seed - two methods, say - train the same clients in every
+        round. Nodes whose partition is not known yet come last, by node id.
+        """
+        k = max(1, int(len(node_ids) * self.cfg.fraction_train + 1e-9))
+        if k >= len(node_ids):
+            return sorted(node_ids)
+        ordered = sorted(node_ids, key=lambda n: (n not in self.partitions, self.partitions.get(n, 0), n))
         rng = random.Random(self.cfg.seed * 1_000_003 + server_round)
-        return sorted(rng.sample(nodes, k))
+        return sorted(rng.sample(ordered, k))
+
+    def learn_partitions(self, grid: Grid, node_ids: list[int]) -> None:
+        """Ask the nodes whose partition id is not known yet (one query message each; the
+        ClientApp answers from its node config without loading data)."""
+        unknown = [n for n in node_ids if n not in self.partitions]
+        if not unknown:
+            return
+        record = RecordDict({protocol.CONFIG: self.round_config(0)})
+        messages = [Message(content=record, message_type=MessageType.QUERY, dst_node_id=n) for n in unknown]
+        for reply in grid.send_and_receive(messages=messages, timeout=self.cfg.round_timeout):
+            if not reply.has_error() and protocol.METRICS in reply.content.metric_records:
+                metrics = reply.content[protocol.METRICS]
+                if protocol.PARTITION_ID in metrics:
+                    self.partitions[reply.metadata.src_node_id] = int(metrics[protocol.PARTITION_ID])
+        missing = [n for n in unknown if n not in self.partitions]
+        if missing:
+            log(WARNING, "%d node(s) did not say their partition id; they are sampled after the others", len(missing))
 
     def round_config(self, server_round: int) -> ConfigRecord:
-        return ConfigRecord({**self.cfg.to_flower(), "server-round": server_round})
+        return ConfigRecord({**self.cfg.to_flower(), protocol.SERVER_ROUND: server_round})
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         node_ids = self._wait_for_nodes(grid)
+        if self.cfg.fraction_train < 1.0:
+            self.learn_partitions(grid, node_ids)
         sampled = self.sample(node_ids, server_round)
         if self.report.server_round != server_round:
             self.report = RoundReport(server_round)
         self.report.sampled = len(sampled)
+        self.report.sampled_nodes = list(sampled)
         self.report.attempts += 1
         self.report.clients = []
         log(INFO, "round %d: training on %d of %d nodes", server_round, len(sampled), len(node_ids))
-        record = RecordDict({ARRAYS_KEY: arrays, CONFIG_KEY: self.round_config(server_round)})
+        record = RecordDict({protocol.ARRAYS: arrays, protocol.CONFIG: self.round_config(server_round)})
+        # Largest clients first (their sizes are known from earlier replies): with fewer
+        # workers than clients, a large client started last would finish the round alone.
+        order = sorted(sampled, key=lambda n: (-self.sizes.get(n, math.inf), n))
         return [
             Message(content=record, message_type=MessageType.TRAIN, dst_node_id=node_id)
-            for node_id in sampled
+            for node_id in order
         ]
 
     def _wait_for_nodes(self, grid: Grid) -> list[int]:
@@ -185,24 +236,34 @@ class FedVLSStrategy(FedAvg):
         accepted: list[Reply] = []
         replies = list(replies)
         for msg in replies:
-            node = str(msg.metadata.src_node_id)
+            node_id = msg.metadata.src_node_id
+            node = str(node_id)
+            if not msg.has_error() and protocol.METRICS in msg.content.metric_records:
+                metrics = msg.content[protocol.METRICS]
+                if protocol.PARTITION_ID in metrics:
+                    self.partitions[node_id] = int(metrics[protocol.PARTITION_ID])
             if msg.has_error():
                 reason = short_reason(msg.error.reason)
-                self.report.failed.append({"node": node, "reason": reason})
-                log(WARNING, "round %d: node %s failed: %s", server_round, node, reason)
+                self.report.failed.append(self._who(node_id, reason))
+                log(WARNING, "round %d: %s failed: %s", server_round, self._name(node_id), reason)
                 continue
             reply, reason = self._parse(node, msg.content)
             if reply is not None and reference is not None:
                 reason = check_reply(reply, reference)
             if reason is not None or reply is None:
-                self.report.rejected.append({"node": node, "reason": reason})
-                log(WARNING, "round %d: rejected the reply of node %s: %s", server_round, node, reason)
+                self.report.rejected.append(self._who(node_id, reason))
+                log(WARNING, "round %d: rejected the reply of %s: %s", server_round, self._name(node_id), reason)
                 continue
             accepted.append(reply)
+            self.sizes[node_id] = reply.num_examples
             self.report.clients.append({"node": node, **self._client_info(msg.content)})
-        missing = self.report.sampled - len(replies)
-        if missing > 0:
-            self.report.failed.extend({"node": "?", "reason": "no reply before round-timeout"} for _ in range(missing))
+        answered = {m.metadata.src_node_id for m in replies}
+        silent = [n for n in self.report.sampled_nodes if n not in answered]
+        silent += [None] * max(0, self.report.sampled - len(replies) - len(silent))  # sampled_nodes unknown
+        for node_id in silent:
+            self.report.failed.append(self._who(node_id, "no reply before round-timeout"))
+            if node_id is not None:
+                log(WARNING, "round %d: no reply from %s before round-timeout", server_round, self._name(node_id))
         self.report.accepted = len(accepted)
         if accepted and reference is not None:
             self.report.drift_diversity = drift_diversity([r.arrays for r in accepted], reference)
@@ -211,46 +272,64 @@ class FedVLSStrategy(FedAvg):
             return None, None
         ref = reference if reference is not None else accepted[0].arrays
         arrays = weighted_average(accepted, ref)
+        if reference is not None:
+            arrays = self.server_optimizer.step(server_round, reference, arrays, accepted)
+            step_size = getattr(self.server_optimizer, "last_step_size", None)
+            if step_size is not None:
+                self.report.server_step_size = step_size
         metrics = average_metrics(accepted)
         self.report.train_metrics = metrics
         self.report.num_examples = float(sum(r.num_examples for r in accepted))
         return to_array_record(arrays), MetricRecord(metrics)
 
+    def _who(self, node_id: int | None, reason: str | None) -> dict:
+        """A failure record: Flower's node id and, where known, the partition id / site."""
+        if node_id is None:
+            return {"node": "?", "partition_id": None, "reason": reason}
+        return {"node": str(node_id), "partition_id": self.partitions.get(node_id), "reason": reason}
+
+    def _name(self, node_id: int) -> str:
+        partition = self.partitions.get(node_id)
+        return f"node {node_id}" + ("" if partition is None else f" (partition {partition})")
+
     @staticmethod
     def _client_info(content: RecordDict) -> dict:
-        metrics = content[METRICS_KEY]
+        metrics = content[protocol.METRICS]
         info = {}
-        if "partition-id" in metrics:
-            info["partition_id"] = int(metrics["partition-id"])
-        if "class-counts" in metrics:
-            info["class_counts"] = [int(c) for c in metrics["class-counts"]]
-        if "local-per-class-accuracy" in metrics:
-            info["local_per_class_accuracy"] = [float(a) for a in metrics["local-per-class-accuracy"]]
+        if protocol.PARTITION_ID in metrics:
+            info["partition_id"] = int(metrics[protocol.PARTITION_ID])
+        if protocol.CLASS_COUNTS in metrics:
+            info["class_counts"] = [int(c) for c in metrics[protocol.CLASS_COUNTS]]
+        if protocol.LOCAL_PER_CLASS_ACCURACY in metrics:
+            info["local_per_class_accuracy"] = [float(a) for a in metrics[protocol.LOCAL_PER_CLASS_ACCURACY]]
         return info
 
     @staticmethod
     def _parse(node: str, content: RecordDict) -> tuple[Reply | None, str | None]:
-        if ARRAYS_KEY not in content.array_records or METRICS_KEY not in content.metric_records:
-            return None, f"reply lacks the '{ARRAYS_KEY}' ArrayRecord or the '{METRICS_KEY}' MetricRecord"
-        metrics = dict(content[METRICS_KEY])
-        if "num-examples" not in metrics:
-            return None, "reply metrics lack 'num-examples'"
-        num_examples = float(metrics.pop("num-examples"))
-        metrics.pop("partition-id", None)  # identity, not a quantity to average
+        if protocol.ARRAYS not in content.array_records or protocol.METRICS not in content.metric_records:
+            return None, (f"reply lacks the '{protocol.ARRAYS}' ArrayRecord or the "
+                          f"'{protocol.METRICS}' MetricRecord")
+        metrics = dict(content[protocol.METRICS])
+        if protocol.NUM_EXAMPLES not in metrics:
+            return None, f"reply metrics lack '{protocol.NUM_EXAMPLES}'"
+        num_examples = float(metrics.pop(protocol.NUM_EXAMPLES))
+        for name in protocol.IDENTITY_METRICS:  # identity, not a quantity to average
+            metrics.pop(name, None)
         scalars = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
-        return Reply(node, to_numpy_dict(content[ARRAYS_KEY]), num_examples, scalars), None
+        return Reply(node, to_numpy_dict(content[protocol.ARRAYS]), num_examples, scalars), None
 
     # ---- federated evaluation ------------------------------------------------
     def evaluate_federated(self, grid: Grid, arrays: ArrayRecord, server_round: int) -> dict:
         """The global model on every node's local test split, pooled per class."""
-        record = RecordDict({ARRAYS_KEY: arrays, CONFIG_KEY: self.round_config(server_round)})
+        record = RecordDict({protocol.ARRAYS: arrays, protocol.CONFIG: self.round_config(server_round)})
         messages = [
             Message(content=record, message_type=MessageType.EVALUATE, dst_node_id=node_id)
             for node_id in sorted(self._wait_for_nodes(grid))
         ]
         replies = grid.send_and_receive(messages=messages, timeout=self.cfg.round_timeout)
         return pool_evaluations(
-            [dict(m.content[METRICS_KEY]) for m in replies if not m.has_error() and METRICS_KEY in m.content.metric_records]
+            [dict(m.content[protocol.METRICS]) for m in replies
+             if not m.has_error() and protocol.METRICS in m.content.metric_records]
         )
 
     # ---- the round loop -------------------------------------------------------
@@ -294,7 +373,10 @@ class FedVLSStrategy(FedAvg):
                 server_round, attempt + 1, self.report.accepted, self.report.sampled, needed,
                 self.cfg.min_fit_fraction,
             )
-        reasons = "; ".join(f"node {f['node']}: {f['reason']}" for f in (self.report.failed + self.report.rejected)[-5:])
+        reasons = "; ".join(
+            f"node {f['node']}" + ("" if f.get("partition_id") is None else f" (partition {f['partition_id']})")
+            + f": {f['reason']}" for f in (self.report.failed + self.report.rejected)[-5:]
+        )
         raise RoundFailedError(
             f"round {server_round} failed {self.cfg.round_retries + 1} time(s): fewer than "
             f"min-fit-fraction = {self.cfg.min_fit_fraction} of the sampled clients gave usable replies "

@@ -9,7 +9,7 @@ Preset format (see conf/*.yaml)::
 
     name: table1-mnist10k
     description: ...
-    base: {dataset: mnist10k, data-dir: ../shared/data, num-server-rounds: 50}
+    base: {dataset: mnist10k, data-dir: ~/fedvls-data, num-server-rounds: 50}
     grid: {method: [fedavg, fedvls], dirichlet-beta: [0.5, 0.05], seed: [0, 1, 2]}
     variants: [{}, {use-dis: false}]   # optional: each combined with every grid point
     # grid may also be a list of such mappings: the runs are the union of their products
@@ -74,7 +74,8 @@ def run_name(overrides: dict[str, Any], varying: tuple[str, ...] = ()) -> str:
     """A readable folder name: dataset, method, skew, seed, plus the ``varying`` keys."""
     run, federation = split_federation(overrides)
     cfg = parse_run_config({k: v for k, v in run.items() if k != "run-name"})
-    skew = {"dirichlet": f"dir{cfg.dirichlet_beta:g}", "shards": f"shards{cfg.shards_per_client}", "iid": "iid"}
+    skew = {"dirichlet": f"dir{cfg.dirichlet_beta:g}", "shards": f"shards{cfg.shards_per_client}",
+            "noniid-labeldir": f"labeldir{cfg.shards_per_client}", "iid": "iid"}
     parts = [cfg.dataset, cfg.method, "natural" if cfg.dataset == "synthetic" else skew[cfg.partition]]
     for key in varying:
         if key in NAME_KEYS or key in FEDERATION_KEYS or key not in run:
@@ -171,6 +172,17 @@ def experiment_identity(run_config: dict[str, Any], num_supernodes: Any) -> dict
     return {"config": settings, "num-supernodes": num_supernodes}
 
 
+def _with_defaults(settings: dict[str, Any]) -> dict[str, Any]:
+    """A run's settings with every key it does not record at its default: a run made by an
+    older version, which did not know a key yet, ran with that key's default behaviour."""
+    defaults = {k: v for k, v in RunConfig().to_flower().items() if k not in NON_IDENTITY_KEYS}
+    return {**defaults, **{k: v for k, v in settings.items() if k not in NON_IDENTITY_KEYS}}
+
+
+def _identity_key(identity: dict[str, Any]) -> str:
+    return json.dumps({**identity, "config": _with_defaults(identity["config"])}, sort_keys=True)
+
+
 def _finished_runs(output_dir: Path) -> dict[str, str]:
     """identity (JSON) -> folder name of every completed run a sweep started under output_dir."""
     found = {}
@@ -181,15 +193,16 @@ def _finished_runs(output_dir: Path) -> dict[str, str]:
         except (OSError, ValueError):
             continue
         if summary.get("status") == "completed":
-            found.setdefault(json.dumps(started["identity"], sort_keys=True), run_file.parent.name)
+            found.setdefault(_identity_key(started["identity"]), run_file.parent.name)
     return found
 
 
 def _check_same_settings(run_dir: Path, identity: dict[str, Any]) -> None:
     """A folder that already holds a finished run must hold the run planned for it."""
     summary = json.loads((run_dir / SUMMARY_FILE).read_text())
-    saved = {k: v for k, v in (summary.get("config") or {}).items() if k not in NON_IDENTITY_KEYS}
-    changed = sorted(k for k in set(saved) | set(identity["config"]) if saved.get(k) != identity["config"].get(k))
+    saved = _with_defaults(summary.get("config") or {})
+    planned = _with_defaults(identity["config"])
+    changed = sorted(k for k in set(saved) | set(planned) if saved.get(k) != planned.get(k))
     if changed:
         raise PresetError(
             f"{run_dir} holds a finished run with other settings than planned for it ({', '.join(changed)}); "
@@ -218,7 +231,7 @@ def run_preset(
         if (output_dir / name / SUMMARY_FILE).exists():
             _check_same_settings(output_dir / name, identity)
             statuses[name] = "skipped (finished earlier)"
-        elif (twin := finished.get(json.dumps(identity, sort_keys=True))) is not None:
+        elif (twin := finished.get(_identity_key(identity))) is not None:
             statuses[name] = f"skipped (the same run finished as {twin})"
         else:
             # resume=true: a run interrupted mid-way continues from its last checkpoint.

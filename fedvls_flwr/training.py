@@ -17,17 +17,23 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from .augment import make_batch_transform
 from .config import RunConfig
-from .objectives import Objective, ObjectiveParams, build_objective
-from .sgd import LocalSGD
+from .methods import get_method, get_part, method_params, part_params
+from .models import FeatureTap
 
+if TYPE_CHECKING:
+    from .local_optim import SAMStep, SGDStep
+from .objectives import Objective, build_objective
+from .sgd import LocalSGD
 
 logger = logging.getLogger(__name__)
 
@@ -47,20 +53,6 @@ def resolve_device(requested: str) -> torch.device:
             )
         return torch.device("cuda")
     return torch.device("cpu")
-
-
-def objective_params(cfg: RunConfig) -> ObjectiveParams:
-    logit_weight = cfg.paper_logit_weight if cfg.method == "fedvls-paper" else cfg.logit_weight
-    return ObjectiveParams(
-        lambda_dis=cfg.lambda_dis,
-        logit_weight=logit_weight,
-        use_dis=cfg.use_dis,
-        use_logit=cfg.use_logit,
-        fedlc_tau=cfg.fedlc_tau,
-        fedlc_form=cfg.fedlc_form,
-        fedntd_beta=cfg.fedntd_beta,
-        fedntd_tau=cfg.fedntd_tau,
-    )
 
 
 def autocast_context(device: torch.device, amp: bool) -> contextlib.AbstractContextManager:
@@ -92,12 +84,31 @@ class TrainResult:
 
 
 def make_teacher(model: nn.Module, mode: str) -> nn.Module:
-    """A frozen copy of the received global model (the distillation teacher)."""
+    """A frozen copy of ``model`` (the received global model, or the previous local one)."""
     teacher = copy.deepcopy(model)
     teacher.train(mode == "train")
     for p in teacher.parameters():
         p.requires_grad_(False)
     return teacher
+
+
+@dataclass
+class ClientState:
+    """What a client keeps from one round to the next (Flower's ``Context.state`` in the
+    ClientApp): MOON's previous local model, and the momentum buffers when
+    ``optimizer-state = "carry"``. Empty for a client's first round."""
+
+    previous_model: dict[str, torch.Tensor] | None = None
+    momentum: list[torch.Tensor | None] | None = None
+
+
+def _teacher_output(objective: Objective, global_model: nn.Module, previous: nn.Module | None):
+    """The function of a batch whose output objective.prepare_teacher takes."""
+    if objective.teacher_output == "logits":
+        return global_model
+    if previous is None:
+        return lambda xb: global_model.project(xb)[1]
+    return lambda xb: torch.cat([global_model.project(xb)[1], previous.project(xb)[1]], dim=1)
 
 
 def train_local(
@@ -113,8 +124,10 @@ def train_local(
     std: tuple[float, ...] | None = None,
     augment: bool = False,
     cache_teacher: bool = True,
+    state: ClientState | None = None,
 ) -> TrainResult:
-    """Train ``model`` (holding the global weights) in place with the configured objective.
+    """Train ``model`` (holding the global weights) in place with the configured objective
+    and local optimizer.
 
     ``x``/``y`` are the client's whole local data. ``generator`` (CPU) fixes the batch
     order and the augmentation draws, so a run is reproducible from its seed.
@@ -122,68 +135,100 @@ def train_local(
     stored normalised (``mean=None``) pass through unchanged. ``cfg.amp`` enables
     bfloat16 autocast when ``device`` is CUDA (see the module docstring).
     ``cache_teacher=False`` forces the teacher's forward pass on every batch (the
-    reference the once-per-round cache is tested against).
+    reference the once-per-round cache is tested against). ``state`` is read and updated
+    in place (MOON's previous model, carried momentum).
     """
+    state = state if state is not None else ClientState()
     model.to(device)
     x = to_device(x, device)
     y = to_device(y, device)
     counts = torch.bincount(y, minlength=num_classes)
-    objective: Objective = build_objective(cfg.method, counts, objective_params(cfg))
+    objective: Objective = build_objective(cfg.method, counts, method_params(cfg))
     transform = make_batch_transform(mean, std, train=True, augment=augment, generator=generator)
     autocast = autocast_context(device, cfg.amp)
+    objective.bind_global(model)
 
-    # The teacher (frozen global model) enters the loss only through
-    # objective.prepare_teacher, row by row. When its output for a sample is the same every
-    # epoch (no augmentation, and eval mode or a model without train-mode behaviour) that
-    # is computed once per round for the whole local data; otherwise per batch.
+    # The teacher (the frozen global model; for MOON also the previous local model) enters
+    # the loss only through objective.prepare_teacher, row by row. When its output for a
+    # sample is the same every epoch (no augmentation, and eval mode or a model without
+    # train-mode behaviour) that is computed once per round for the whole local data;
+    # otherwise per batch.
     teacher_rows = None
     teacher = None
     if objective.needs_teacher:
-        teacher_train_mode = cfg.teacher_mode == "train"
-        deterministic = not transform.augments and not (teacher_train_mode and mode_dependent(model))
+        previous = None
+        if objective.teacher_output == "projections" and state.previous_model is not None:
+            previous = make_teacher(model, "eval")
+            previous.load_state_dict(state.previous_model)
+            previous.to(device)
+        train_mode = objective.teacher_mode == "train"
+        deterministic = not transform.augments and not (train_mode and mode_dependent(model))
         if cache_teacher and deterministic:
             # the model still holds the received global weights: it is the teacher here
-            model.train(teacher_train_mode)
+            model.train(train_mode)
             with autocast:
-                logits_all = _predict_logits(model, x, transform, cfg.eval_batch_size)
-            teacher_rows = objective.prepare_teacher(logits_all, y)
+                out_all = _predict(_teacher_output(objective, model, previous), x, transform, cfg.eval_batch_size)
+            teacher_rows = objective.prepare_teacher(out_all, y)
         else:
-            teacher = make_teacher(model, cfg.teacher_mode)
+            teacher = _teacher_output(objective, make_teacher(model, objective.teacher_mode), previous)
 
-    # A fresh optimizer every round (momentum does not carry over), as the FedVLS code;
-    # torch.optim.SGD's update without torch.optim's import cost (see sgd.py).
-    optimizer = LocalSGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    # torch.optim.SGD's update without torch.optim's import cost (see sgd.py); a fresh
+    # optimizer every round unless optimizer-state = carry.
+    sgd = LocalSGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    if cfg.optimizer_state == "carry" and state.momentum is not None:
+        if len(state.momentum) != len(sgd.buffers):
+            raise ValueError(f"carried momentum has {len(state.momentum)} buffers, the model {len(sgd.buffers)}")
+        sgd.buffers = [None if b is None else b.to(device) for b in state.momentum]
+    optimizer = build_local_optimizer(cfg, sgd)
+    tap = FeatureTap(model) if objective.features == "penultimate" else None
     model.train()
     n = x.shape[0]
     # sum over samples of each term (term_names order); the loss is their sum
     term_sums = torch.zeros(len(objective.term_names), device=device)
     steps = 0
-    for _ in range(cfg.local_epochs):
-        order = torch.randperm(n, generator=generator).to(device)
-        for start in range(0, n, cfg.batch_size):
-            idx = order[start : start + cfg.batch_size]
-            xb = transform(x[idx])
-            yb = y[idx]
-            with autocast:
-                logits = model(xb)
+    try:
+        for _ in range(cfg.local_epochs):
+            order = torch.randperm(n, generator=generator).to(device)
+            for start in range(0, n, cfg.batch_size):
+                idx = order[start : start + cfg.batch_size]
+                xb = transform(x[idx])
+                yb = y[idx]
                 if teacher_rows is not None:
                     teacher_b = teacher_rows[idx]
                 elif teacher is not None:
-                    with torch.no_grad():
+                    with torch.no_grad(), autocast:
                         teacher_b = objective.prepare_teacher(teacher(xb), yb)
                 else:
                     teacher_b = None
-                loss, terms = objective.loss_terms(logits, yb, teacher_b)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            term_sums.add_(terms, alpha=yb.shape[0])
-            steps += 1
-        if not torch.isfinite(term_sums).all():
-            raise NonFiniteLossError(
-                f"local loss became non-finite with method '{cfg.method}' "
-                f"(lr={cfg.lr}); the update was not sent"
-            )
+
+                def closure(xb=xb, yb=yb, teacher_b=teacher_b) -> torch.Tensor:
+                    sgd.zero_grad()
+                    with autocast:
+                        if objective.features == "projection":
+                            logits, features = model.project(xb)
+                        else:
+                            logits = model(xb)
+                            features = tap.features if tap is not None else None
+                        loss, terms = objective.loss_terms(logits, yb, teacher_b, features)
+                    loss.backward()
+                    extra = objective.after_backward(sgd.params)
+                    return terms if extra is None else terms + extra.to(terms.dtype)
+
+                terms = optimizer.step(closure)
+                term_sums.add_(terms, alpha=yb.shape[0])
+                steps += 1
+            if not torch.isfinite(term_sums).all():
+                raise NonFiniteLossError(
+                    f"local loss became non-finite with method '{cfg.method}' "
+                    f"(lr={cfg.lr}); the update was not sent"
+                )
+    finally:
+        if tap is not None:
+            tap.remove()
+    if cfg.optimizer_state == "carry":
+        state.momentum = [None if b is None else b.detach().cpu() for b in sgd.buffers]
+    if get_method(cfg.method).client_state:
+        state.previous_model = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
     seen = n * cfg.local_epochs
     means = (term_sums / seen).tolist()
     return TrainResult(
@@ -196,6 +241,13 @@ def train_local(
     )
 
 
+def build_local_optimizer(cfg: RunConfig, sgd: LocalSGD) -> SGDStep | SAMStep:
+    """The run's local optimizer (``local-optimizer``) around the SGD update."""
+    spec = get_part("local-optimizer", cfg.local_optimizer)
+    module, _, name = spec.impl.partition(":")
+    return getattr(importlib.import_module(module), name)(sgd, part_params(cfg, "local-optimizer"))
+
+
 def mode_dependent(model: nn.Module) -> bool:
     """Whether the model computes differently in train mode (BatchNorm, dropout)."""
     kinds = (nn.modules.batchnorm._BatchNorm, nn.modules.dropout._DropoutNd)
@@ -203,8 +255,8 @@ def mode_dependent(model: nn.Module) -> bool:
 
 
 @torch.no_grad()
-def _predict_logits(model: nn.Module, x: torch.Tensor, transform, batch_size: int) -> torch.Tensor:
-    return torch.cat([model(transform(x[i : i + batch_size])) for i in range(0, x.shape[0], batch_size)])
+def _predict(forward, x: torch.Tensor, transform, batch_size: int) -> torch.Tensor:
+    return torch.cat([forward(transform(x[i : i + batch_size])) for i in range(0, x.shape[0], batch_size)])
 
 
 @dataclass

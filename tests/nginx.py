@@ -13,8 +13,8 @@ import pytest
 from fedvls_flwr.fence import INSTALL_HINT, find_nginx
 
 
-@pytest.fixture
-def nginx() -> str:
+@pytest.fixture(name="nginx")
+def nginx_binary() -> str:
     found = find_nginx()
     if found is None:
         if os.environ.get("FEDVLS_REQUIRE_NGINX") == "1":

@@ -15,7 +15,6 @@ from fedvls_flwr.augment import (
     BatchAutoAugment,
     BatchTransform,
     make_batch_transform,
-    per_sample_reference_transform,
     random_crop_flip,
 )
 
@@ -118,6 +117,8 @@ def test_torchvision_chunk_mode_runs():
 
 def test_reference_pipeline_runs_on_pil():
     from PIL import Image
+
+    from bench.reference_transform import per_sample_reference_transform
 
     img = Image.fromarray(_batch(1)[0].permute(1, 2, 0).numpy())
     out = per_sample_reference_transform(MEAN, STD)(img)

@@ -20,7 +20,7 @@ TOL = 1e-4
 
 
 def tiny(method: str, **changes) -> RefConfig:
-    return RefConfig(
+    return RefConfig.make(
         method=method, dataset="digits", num_clients=3, num_server_rounds=2, local_epochs=1,
         dirichlet_beta=0.05, seed=0, **changes,
     )

@@ -60,7 +60,7 @@ def test_serverapp_validates_before_importing_torch_or_touching_the_grid():
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--run-config", "method='fedprox'"], "'method' = 'fedprox' is not allowed"),
+        (["--run-config", "method='fedfoo'"], "'method' = 'fedfoo' is not allowed"),
         (["--node-config", "partition-id=3 num-partitions=2", "--node-config", "partition-id=1 num-partitions=2"],
          "partition-id=3 is outside 0..1"),
     ],

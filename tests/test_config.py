@@ -23,7 +23,7 @@ def test_pyproject_defaults_are_the_runconfig_defaults():
 @pytest.mark.parametrize(
     "override, fragment",
     [
-        ({"method": "fedprox"}, "'method' = 'fedprox' is not allowed; choose one of: fedavg, fedlc"),
+        ({"method": "fedfoo"}, "'method' = 'fedfoo' is not allowed; choose one of: fedavg, fedprox, moon"),
         ({"dataset": "imagenet"}, "'dataset' = 'imagenet' is not allowed"),
         ({"partition": "label"}, "'partition' = 'label'"),
         ({"dirichlet-beta": 0.0}, "'dirichlet-beta' = 0.0: must be > 0"),

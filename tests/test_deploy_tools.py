@@ -21,15 +21,26 @@ import pytest
 
 from fedvls_flwr import deploy
 from fedvls_flwr.deploy import (
-    BreakdownInputError, breakdown, evaluation_warning, make_certificates, node_configs, _report,
+    BreakdownInputError,
+    _report,
+    breakdown,
+    evaluation_warning,
+    make_certificates,
+    node_configs,
 )
 from fedvls_flwr.fence import (
-    CONTROL_PREFIX, FLEET_PREFIX, FenceError, check_nginx_config, check_operator_link, client_context,
-    server_block, write_standalone_config,
+    CONTROL_PREFIX,
+    FLEET_PREFIX,
+    FenceError,
+    check_nginx_config,
+    check_operator_link,
+    client_context,
+    server_block,
+    write_standalone_config,
 )
 from fedvls_flwr.launch import LocalSuperLink, PortRangeError, RunOutcome, free_port, parse_port_range
 from fedvls_flwr.supernode_guard import exit_with_supernode, is_gone, supernode_of_this_process
-from tests.nginx import nginx  # noqa: F401 - fixture
+from tests.nginx import nginx_binary  # noqa: F401 - the fixture `nginx`
 
 # ---------------------------------------------------------------------------
 # ports

@@ -66,7 +66,7 @@ class _CifarHook(importlib.abc.MetaPathFinder):
 
 if _MD5:
     sys.meta_path.insert(0, _CifarHook())
-''' % {"env": MD5_ENV}
+''' % {"env": MD5_ENV}  # noqa: UP031 - the template holds braces
 
 
 def _pickle(path: Path, obj) -> str:

@@ -35,7 +35,7 @@ from tests.processes import leftovers, processes_with_home
 pytestmark = pytest.mark.e2e
 
 ROUNDS = 4
-MISSING_REPLY = "no reply before round-timeout"  # FedVLSStrategy.aggregate_train
+MISSING_REPLY = "no reply before round-timeout"  # CheckedFedAvg.aggregate_train
 NODE_UNAVAILABLE = "Node Unavailable"            # Flower's error reply for an expired node
 
 
@@ -219,7 +219,7 @@ def test_clientapp_ends_when_its_unreaped_supernode_is_killed(tmp_path):
             os.kill(pid, signal.SIGKILL)
     assert state == "Z"  # the scenario: the SuperNode was dead but not reaped meanwhile
     assert ended_after < 5.0, f"the ClientApp outlived its killed SuperNode by {ended_after:.1f}s"
-    assert "the SuperNode (pid %d) that started this ClientApp is gone" % supernode in (
+    assert f"the SuperNode (pid {supernode}) that started this ClientApp is gone" in (
         link.home / "node-0.log").read_text()
     time.sleep(1.0)
     assert leftovers(link.started_pids, tmp_path) == []

@@ -25,7 +25,7 @@ from fedvls_flwr import deploy
 from fedvls_flwr.deploy import make_certificates
 from fedvls_flwr.launch import BIN_DIR, LocalSuperLink, flower_env
 from fedvls_flwr.results import read_rounds
-from tests.nginx import nginx  # noqa: F401 - fixture
+from tests.nginx import nginx_binary  # noqa: F401 - the fixture `nginx`
 from tests.processes import leftovers
 from tests.test_e2e_deployment import DIGITS, check_results, node_env, run_config, write_digit_folder
 

@@ -10,6 +10,7 @@ import pytest
 
 from fedvls_flwr.launch import LocalSuperLink
 from fedvls_flwr.results import read_rounds
+from tests.fault_injection import FAULT_ENV, MODS
 from tests.processes import processes_with_home
 
 pytestmark = pytest.mark.e2e
@@ -19,7 +20,7 @@ FEDERATION = {"num-supernodes": 3, "client-resources-num-cpus": 1}
 
 
 def test_raising_and_nan_clients_are_dropped_and_recorded(tmp_path):
-    env = {"FEDVLS_INJECT_FAULT": "raise:1:1,nan:0:2"}
+    env = {**MODS, FAULT_ENV: "raise:1:1,nan:0:2"}
     cfg = {**BASE, "num-server-rounds": 2, "min-fit-fraction": 0.3, "output-dir": str(tmp_path), "run-name": "faults"}
     with LocalSuperLink(tmp_path / "home", env_extra=env) as link:
         outcome = link.wait(link.submit(run_config=cfg, federation_config=FEDERATION), timeout=300)

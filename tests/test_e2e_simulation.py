@@ -56,3 +56,19 @@ def test_synthetic_benchmark_runs_with_one_client_per_node(tmp_path):
     rounds = read_rounds(tmp_path / "runs" / "synthetic")
     assert [r["clients_accepted"] for r in rounds[1:]] == [2, 2]
     assert json.loads((tmp_path / "runs" / "synthetic" / "summary.json").read_text())["model"] == "logreg"
+
+
+def test_partial_participation_pairs_runs_of_different_methods(tmp_path):
+    """fraction-train < 1: the server asks each node its partition once (a query message)
+    and samples by partition id, so two methods with the same seed train the same clients
+    in every round, although Flower gives the nodes other random ids in every run."""
+    base = {"dataset": "digits", "num-server-rounds": 3, "local-epochs": 1, "dirichlet-beta": 0.5,
+            "fraction-train": 0.5, "seed": 3, "output-dir": str(tmp_path / "runs")}
+    federation = {"num-supernodes": 6, "client-resources-num-cpus": 1}
+    with LocalSuperLink(tmp_path / "flwr-home") as link:
+        outcomes = [link.wait(link.submit(run_config={**base, "method": m, "run-name": m},
+                                          federation_config=federation), timeout=300) for m in ("fedavg", "fedvls")]
+    assert all(o.completed for o in outcomes), outcomes[-1].log[-3000:]
+    sampled = [[r["sampled_partitions"] for r in read_rounds(tmp_path / "runs" / m)[1:]] for m in ("fedavg", "fedvls")]
+    assert sampled[0] == sampled[1]
+    assert all(len(s) == 3 and None not in s for s in sampled[0])

@@ -24,6 +24,8 @@ PARAMS = {
     ("resnet18-imagenet", (3, 32, 32), 100): 11_227_812,
     ("resnet32", (3, 32, 32), 10): 464_154,
     ("resnet32", (3, 32, 32), 100): 470_004,
+    ("cnn", (1, 28, 28), 10): 21_840,
+    ("cnn", (1, 28, 28), 100): 26_430,
 }
 
 
@@ -36,7 +38,7 @@ def _threads():
 
 
 def test_models_tuple_is_complete():
-    assert set(MODELS) == {"mlp", "logreg", "mobilenetv2", "resnet18", "resnet18-imagenet", "resnet32"}
+    assert set(MODELS) == {"mlp", "logreg", "cnn", "mobilenetv2", "resnet18", "resnet18-imagenet", "resnet32"}
 
 
 @pytest.mark.parametrize("key", sorted(PARAMS, key=str))
@@ -48,7 +50,7 @@ def test_parameter_counts_match_docstring(key):
 def test_parameter_count_documented_in_module_docstring():
     import fedvls_flwr.models as m
 
-    for value in (199_210, 2_296_922, 2_412_212, 11_173_962, 11_220_132, 11_181_642, 464_154, 470_004):
+    for value in (199_210, 21_840, 26_430, 2_296_922, 2_412_212, 11_173_962, 11_220_132, 11_181_642, 464_154, 470_004):
         assert f"{value:,}" in m.__doc__
 
 

@@ -38,7 +38,7 @@ def cfg_for(**overrides):
 
 def write_digit_folder(root, classes, per_class=None, size=None):
     """Digits pool images as 8-bit grayscale PNGs in root/<class>/<i>.png; returns (x01, y) written."""
-    x, y, tr, _te, *_ = D._digits_split()
+    x, y, tr, _te, *_ = D.digits.digits_split()
     written_x, written_y = [], []
     for c in classes:
         idx = [i for i in tr if y[i] == c][:per_class]

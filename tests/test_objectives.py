@@ -3,17 +3,37 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from fedvls_flwr.objectives import (
-    METHODS,
-    MASK_VALUE,
-    Objective,
-    ObjectiveParams,
-    build_objective,
-)
+from fedvls_flwr.methods import method_names, method_settings
+from fedvls_flwr.objectives import MASK_VALUE, Objective, build_objective
+
+METHODS = method_names()
+#: Objectives that are a function of the logits alone (MOON and FedDecorr also read the
+#: model's representation; they have tests of their own below).
+LOGIT_METHODS = tuple(m for m in METHODS if build_objective(m, torch.tensor([1, 1])).features is None)
+
+
+def params(**changes) -> dict:
+    """Objective parameters by snake_case name (``logit_weight`` sets both forms' weight)."""
+    out = {}
+    for name, value in changes.items():
+        keys = ("logit-weight", "paper-logit-weight") if name == "logit_weight" else (name.replace("_", "-"),)
+        out.update(dict.fromkeys(keys, value))
+    return out
+
+
+def resolved(method: str, given: dict) -> SimpleNamespace:
+    """Every parameter (declared defaults + ``given``) as attributes, for the references;
+    ``logit_weight`` is the weight the method's form reads."""
+    values = {s.name: s.default for s in method_settings()}
+    values.update({key.replace("-", "_"): value for key, value in given.items()})
+    if method == "fedvls-paper":
+        values["logit_weight"] = values["paper_logit_weight"]
+    return SimpleNamespace(**values)
 
 # ----------------------------------------------------------------------------------------
 # Loop-based references (python loops over samples and classes, float64, autograd)
@@ -108,7 +128,7 @@ def ref_fedvls(f, y, counts, params, g=None):
     dis = _ref_dis(f, g, counts, params)
     logit = 0.0
     if params.use_logit:
-        w = 0.005 if params.logit_weight is None else params.logit_weight
+        w = params.logit_weight
         for c in range(C):
             if p[c] == 0:
                 continue
@@ -136,7 +156,7 @@ def ref_fedvls_paper(f, y, counts, params, g=None):
     dis = _ref_dis(f, g, counts, params)
     logit = 0.0
     if params.use_logit:
-        w = 1.0 if params.logit_weight is None else params.logit_weight
+        w = params.logit_weight
         for c in present:
             others = [f[i, c] for i in range(B) if y[i] != c]
             if not others:
@@ -146,8 +166,37 @@ def ref_fedvls_paper(f, y, counts, params, g=None):
     return cal + dis + logit
 
 
+def ref_fedrs(f, y, counts, params, g=None):
+    B, C = f.shape
+    top = max(counts)
+    if params.fedrs_form == "binary":
+        scale = [1.0 if counts[c] > 0 else params.fedrs_alpha for c in range(C)]
+    else:
+        scale = [params.fedrs_alpha + (1 - params.fedrs_alpha) * counts[c] / top for c in range(C)]
+    loss = 0.0
+    for i in range(B):
+        loss = loss + ref_ce_over([f[i, c] * scale[c] for c in range(C)], range(C), y[i])
+    return loss / B
+
+
+def ref_fedlmd(f, y, counts, params, g):
+    B, C = f.shape
+    T, beta = params.fedlmd_tau, params.fedlmd_beta
+    mean = sum(counts) / C
+    ce = ref_fedavg(f, y, counts, params)
+    kl = 0.0
+    for i in range(B):
+        t = [g[i, c] / T - 1000.0 * (counts[c] > mean) - 1000.0 * (c == y[i]) for c in range(C)]
+        st = [f[i, c] / T - 1000.0 * (c == y[i]) for c in range(C)]
+        kl = kl + ref_kl(t, st, range(C))
+    return ce + beta * T**2 * kl / B
+
+
 REFS = {
     "fedavg": ref_fedavg,
+    "fedprox": ref_fedavg,  # at the logits: CE; the proximal term acts on the weights (tested below)
+    "fedrs": ref_fedrs,
+    "fedlmd": ref_fedlmd,
     "fedlc": ref_fedlc,
     "fedntd": ref_fedntd,
     "fedvls": ref_fedvls,
@@ -177,7 +226,7 @@ def run_both(method, params, counts, f, y, g):
     obj = build_objective(method, counts, params)
     loss, terms = obj(f, y, g)
     (grad,) = torch.autograd.grad(loss, f)
-    ref = REFS[method](f, y.tolist(), counts.tolist(), params, g)
+    ref = REFS[method](f, y.tolist(), counts.tolist(), resolved(method, params), g)
     (ref_grad,) = torch.autograd.grad(ref, f)
     return obj, loss, terms, grad, ref, ref_grad
 
@@ -195,9 +244,10 @@ def assert_matches(method, params, counts, f, y, g, rtol=1e-9, atol=1e-10):
 
 
 PARAM_SETS = [
-    ObjectiveParams(),
-    ObjectiveParams(fedlc_form="paper", fedlc_tau=0.1, fedntd_beta=0.3, fedntd_tau=2.0,
-                    lambda_dis=0.5, logit_weight=0.3),
+    params(),
+    params(fedlc_form="paper", fedlc_tau=0.1, fedntd_beta=0.3, fedntd_tau=2.0,
+                    lambda_dis=0.5, logit_weight=0.3, fedrs_alpha=0.4, fedrs_form="proportional",
+                    fedlmd_beta=0.7, fedlmd_tau=2.0, fedprox_mu=0.5),
 ]
 VACANT_SETS = [(), (2,), (0, 3, 5)]
 
@@ -206,7 +256,7 @@ VACANT_SETS = [(), (2,), (0, 3, 5)]
 # ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", LOGIT_METHODS)
 @pytest.mark.parametrize("vacant", VACANT_SETS, ids=["no-vacant", "one-vacant", "three-vacant"])
 @pytest.mark.parametrize("pi", range(len(PARAM_SETS)), ids=["defaults", "custom"])
 def test_matches_reference(method, vacant, pi):
@@ -215,15 +265,15 @@ def test_matches_reference(method, vacant, pi):
     assert_matches(method, PARAM_SETS[pi], counts, f, y, g)
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", LOGIT_METHODS)
 def test_one_class_in_batch(method):
     counts, f, y, g = make_case(seed=11, vacant=(0, 4), batch_classes=[3])
     assert (y == 3).all()
-    assert_matches(method, ObjectiveParams(), counts, f, y, g)
-    assert_matches(method, ObjectiveParams(fedlc_form="paper"), counts, f, y, g)
+    assert_matches(method, params(), counts, f, y, g)
+    assert_matches(method, params(fedlc_form="paper"), counts, f, y, g)
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", LOGIT_METHODS)
 def test_client_with_one_class(method):
     C, B = 6, 9
     counts = torch.zeros(C, dtype=torch.long)
@@ -236,13 +286,13 @@ def test_client_with_one_class(method):
     (grad,) = torch.autograd.grad(loss, f)
     assert torch.isfinite(loss) and torch.isfinite(grad).all()
     if method != "fedlc":  # standard fedlc / fedavg / fedntd / fedvls: compare to reference
-        assert_matches(method, ObjectiveParams(), counts, f, y, g)
+        assert_matches(method, params(), counts, f, y, g)
     else:
         # the only class left: softmax over one class -> CE = 0, no gradient
         assert float(loss.detach()) == pytest.approx(0.0, abs=1e-12)
         assert float(grad.abs().max()) == 0.0
     # FedLC paper form: the denominator (c != y) is empty -> large negative but finite
-    obj_p = build_objective("fedlc", counts, ObjectiveParams(fedlc_form="paper"))
+    obj_p = build_objective("fedlc", counts, params(fedlc_form="paper"))
     loss_p, _ = obj_p(f, y)
     (grad_p,) = torch.autograd.grad(loss_p, f)
     assert torch.isfinite(loss_p) and float(loss_p.detach()) < -1e8
@@ -256,7 +306,7 @@ def test_fedlc_zero_counts_removed_from_softmax():
     f = torch.randn(6, 5, dtype=torch.float64, requires_grad=True)
     y = torch.tensor([1, 3, 3, 4, 1, 3])
     for form in ("standard", "paper"):
-        obj = build_objective("fedlc", counts, ObjectiveParams(fedlc_form=form))
+        obj = build_objective("fedlc", counts, params(fedlc_form=form))
         loss, _ = obj(f, y)
         (grad,) = torch.autograd.grad(loss, f)
         assert torch.isfinite(loss) and torch.isfinite(grad).all()
@@ -273,14 +323,14 @@ def test_fedvls_paper_vacant_masked_bounded_not():
     f = torch.randn(6, 5, dtype=torch.float64)
     f2 = f.clone()
     f2[:, [0, 2]] += 50.0
-    p = ObjectiveParams(use_dis=False, use_logit=False)
+    p = params(use_dis=False, use_logit=False)
     paper = build_objective("fedvls-paper", counts, p)
     bounded = build_objective("fedvls", counts, p)
     torch.testing.assert_close(paper(f2, y)[0], paper(f, y)[0])  # vacant out of the softmax
     assert float(bounded(f2, y)[0]) > float(bounded(f, y)[0]) + 1.0  # log(1e-9) only damps
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", LOGIT_METHODS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_huge_logits_finite(method, dtype):
     counts, f, y, g = make_case(seed=5, vacant=(1, 4, 6))
@@ -288,7 +338,7 @@ def test_huge_logits_finite(method, dtype):
         f = (scale * torch.randn(f.shape, dtype=dtype)).requires_grad_(True)
         g = scale * torch.randn(f.shape, dtype=dtype)
         for form in ("standard", "paper"):
-            obj = build_objective(method, counts, ObjectiveParams(fedlc_form=form, logit_weight=1.0))
+            obj = build_objective(method, counts, params(fedlc_form=form, logit_weight=1.0))
             loss, terms = obj(f, y, g)
             (grad,) = torch.autograd.grad(loss, f)
             assert loss.dtype == dtype
@@ -297,7 +347,7 @@ def test_huge_logits_finite(method, dtype):
             assert all(torch.isfinite(t) for t in terms.values())
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", LOGIT_METHODS)
 def test_half_precision_upcast(method):
     counts, f, y, g = make_case(seed=3, vacant=(0, 2))
     fb = f.detach().to(torch.bfloat16).requires_grad_(True)
@@ -325,9 +375,9 @@ def test_needs_teacher():
         assert not build_objective(m, no_vacant).needs_teacher
         assert not build_objective(m, one_vacant).needs_teacher
         assert build_objective(m, two_vacant).needs_teacher
-        assert not build_objective(m, two_vacant, ObjectiveParams(use_dis=False)).needs_teacher
-        assert not build_objective(m, two_vacant, ObjectiveParams(lambda_dis=0.0)).needs_teacher
-    assert not build_objective("fedntd", no_vacant, ObjectiveParams(fedntd_beta=0.0)).needs_teacher
+        assert not build_objective(m, two_vacant, params(use_dis=False)).needs_teacher
+        assert not build_objective(m, two_vacant, params(lambda_dis=0.0)).needs_teacher
+    assert not build_objective("fedntd", no_vacant, params(fedntd_beta=0.0)).needs_teacher
 
 
 @pytest.mark.parametrize("method", ["fedntd", "fedvls", "fedvls-paper"])
@@ -339,11 +389,11 @@ def test_missing_teacher_raises(method):
         obj(torch.randn(4, 4), torch.tensor([0, 3, 3, 0]))
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", LOGIT_METHODS)
 def test_teacher_not_needed_is_ignored(method):
     counts = torch.tensor([3, 0, 4, 6])  # at most one vacant class
-    if method == "fedntd":
-        pytest.skip("FedNTD always uses the teacher")
+    if method in ("fedntd", "fedlmd"):
+        pytest.skip(f"{method} always uses the teacher")
     obj = build_objective(method, counts)
     assert not obj.needs_teacher
     f = torch.randn(5, 4)
@@ -370,21 +420,21 @@ def test_ablation_switches(method):
     l_full, t_full = full(f, y, g)
     assert float(t_full["dis"]) > 0 and float(t_full["logit"]) != 0
 
-    no_dis = build_objective(method, counts, ObjectiveParams(use_dis=False))
+    no_dis = build_objective(method, counts, params(use_dis=False))
     assert not no_dis.needs_teacher
     l_nd, t_nd = no_dis(f, y, g)
     assert float(t_nd["dis"]) == 0.0
     torch.testing.assert_close(l_nd, l_full - t_full["dis"])
     torch.testing.assert_close(no_dis(f, y)[0], l_nd)  # teacher irrelevant
-    assert_matches(method, ObjectiveParams(use_dis=False), counts, f, y, g)
+    assert_matches(method, params(use_dis=False), counts, f, y, g)
 
-    no_logit = build_objective(method, counts, ObjectiveParams(use_logit=False))
+    no_logit = build_objective(method, counts, params(use_logit=False))
     l_nl, t_nl = no_logit(f, y, g)
     assert float(t_nl["logit"]) == 0.0
     torch.testing.assert_close(l_nl, l_full - t_full["logit"])
-    assert_matches(method, ObjectiveParams(use_logit=False), counts, f, y, g)
+    assert_matches(method, params(use_logit=False), counts, f, y, g)
 
-    cal_only = build_objective(method, counts, ObjectiveParams(use_dis=False, use_logit=False))
+    cal_only = build_objective(method, counts, params(use_dis=False, use_logit=False))
     l_c, t_c = cal_only(f, y)
     torch.testing.assert_close(l_c, t_full["cal"])
     # no vacant pair: dis is identically zero even when enabled
@@ -398,36 +448,36 @@ def test_logit_weight_defaults():
     assert build_objective("fedvls", counts).logit_weight == 0.005
     assert build_objective("fedvls-paper", counts).logit_weight == 1.0
     for m in ("fedvls", "fedvls-paper"):
-        assert build_objective(m, counts, ObjectiveParams(logit_weight=0.25)).logit_weight == 0.25
+        assert build_objective(m, counts, params(logit_weight=0.25)).logit_weight == 0.25
         default = build_objective(m, counts)
         _, t_def = default(f, y, g)
-        _, t_one = build_objective(m, counts, ObjectiveParams(logit_weight=1.0))(f, y, g)
+        _, t_one = build_objective(m, counts, params(logit_weight=1.0))(f, y, g)
         torch.testing.assert_close(t_def["logit"] / default.logit_weight, t_one["logit"])
-        _, t_zero = build_objective(m, counts, ObjectiveParams(logit_weight=0.0))(f, y, g)
+        _, t_zero = build_objective(m, counts, params(logit_weight=0.0))(f, y, g)
         assert float(t_zero["logit"]) == 0.0
 
 
 def test_fedlc_forms_differ():
     counts, f, y, g = make_case(seed=4, vacant=(6,))
-    std = build_objective("fedlc", counts, ObjectiveParams(fedlc_form="standard"))
-    pap = build_objective("fedlc", counts, ObjectiveParams(fedlc_form="paper"))
+    std = build_objective("fedlc", counts, params(fedlc_form="standard"))
+    pap = build_objective("fedlc", counts, params(fedlc_form="paper"))
     a, b = std(f.detach(), y)[0], pap(f.detach(), y)[0]
     assert float(a) > float(b) + 1e-3  # removing the label from the denominator lowers the loss
-    with pytest.raises(ValueError, match="fedlc_form"):
-        build_objective("fedlc", counts, ObjectiveParams(fedlc_form="nope"))
+    with pytest.raises(ValueError, match="fedlc-form"):
+        build_objective("fedlc", counts, params(fedlc_form="nope"))
 
 
 def test_fedlc_margin_direction():
     # rare classes get the larger margin subtracted: tau * n^(-1/4)
     counts = torch.tensor([1, 16, 0])
-    obj = build_objective("fedlc", counts, ObjectiveParams(fedlc_tau=0.5))
+    obj = build_objective("fedlc", counts, params(fedlc_tau=0.5))
     torch.testing.assert_close(obj.margin, torch.tensor([0.5, 0.25, 0.0], dtype=torch.float64))
     assert torch.isfinite(obj.margin).all()
 
 
 def test_unknown_method():
     with pytest.raises(ValueError) as ei:
-        build_objective("fedprox", torch.tensor([1, 2, 3]))
+        build_objective("fedfoo", torch.tensor([1, 2, 3]))
     msg = str(ei.value)
     assert "fedprox" in msg
     assert all(m in msg for m in METHODS)
@@ -463,7 +513,7 @@ def test_bounded_logit_lower_bound():
     counts = torch.tensor([10, 20, 30])
     y = torch.tensor([0, 1, 2, 2])
     f = torch.full((4, 3), -1e4, dtype=torch.float64)
-    _, t = build_objective("fedvls", counts, ObjectiveParams(logit_weight=1.0))(f, y)
+    _, t = build_objective("fedvls", counts, params(logit_weight=1.0))(f, y)
     p = torch.tensor([1 / 6, 2 / 6, 3 / 6], dtype=torch.float64)
     bound = (p * torch.log(torch.tensor([1 / 4, 1 / 4, 2 / 4], dtype=torch.float64))).sum()
     torch.testing.assert_close(t["logit"], bound)
@@ -473,7 +523,7 @@ def test_bounded_logit_lower_bound():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", LOGIT_METHODS)
 def test_cuda_no_host_sync(method):
     dev = torch.device("cuda")
     counts = torch.tensor([10, 0, 30, 0, 60, 0, 5], device=dev)

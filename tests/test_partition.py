@@ -116,7 +116,7 @@ def test_iid_balanced_sizes():
 def test_single_partition_is_everything():
     y = shuffled_labels()
     for kind in PARTITIONS:
-        (p,) = partition_indices(y, 1, kind, 0)
+        (p,) = partition_indices(y, 1, kind, 0, shards_per_client=10 if kind == "noniid-labeldir" else 2)
         np.testing.assert_array_equal(p, np.arange(len(y)))
 
 
@@ -169,3 +169,30 @@ def test_dirichlet_gives_up_with_advice():
         partition_indices(y, 20, "dirichlet", 0, dirichlet_beta=0.05, min_size=10, max_redraws=20)
     assert isinstance(err.value, ValueError)
     assert "max_redraws=20" in str(err.value)
+
+
+def test_noniid_labeldir_is_the_authors_class_assignment_with_unequal_sizes():
+    """10 clients, 10 classes, s = 2: class c goes to the first int(10/10*2) = 2 clients with
+    room, so clients 2j and 2j+1 hold exactly classes 2j and 2j+1; each class is cut in
+    two random, unequal pieces covering it exactly."""
+    labels = np.repeat(np.arange(10), 100)
+    parts = partition_indices(labels, 10, "noniid-labeldir", 0, shards_per_client=2)
+    assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(1000))
+    for j, part in enumerate(parts):
+        pair = {2 * (j // 2), 2 * (j // 2) + 1}
+        assert set(np.unique(labels[part])) == pair
+    sizes = [len(p) for p in parts]
+    assert len(set(sizes)) > 2  # unequal
+    first = [np.sum(labels[p] == 0) for p in parts[:2]]
+    assert sum(first) == 100 and 10 <= first[0] < 100  # the first holder draws in [max(50/10, 1), 100)
+    again = partition_indices(labels, 10, "noniid-labeldir", 0, shards_per_client=2)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again))
+
+
+def test_noniid_labeldir_many_classes_and_impossible_settings():
+    labels = np.repeat(np.arange(20), 30)  # 20 classes: sizes drawn below n_c / k
+    parts = partition_indices(labels, 10, "noniid-labeldir", 1, shards_per_client=4)  # 2 holders per class
+    assert all(len(np.unique(labels[p])) == 4 for p in parts)
+    assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(600))
+    with pytest.raises(PartitionError, match="cannot cover"):
+        partition_indices(labels, 2, "noniid-labeldir", 0, shards_per_client=1)

@@ -31,8 +31,8 @@ def test_authors_preset_is_what_spec_says():
 
 def test_bad_preset_fails_before_anything_starts(tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("base: {dataset: digits}\ngrid: {method: [fedavg, fedprox]}\n")
-    with pytest.raises(PresetError, match="'method' = 'fedprox' is not allowed"):
+    bad.write_text("base: {dataset: digits}\ngrid: {method: [fedavg, fedfoo]}\n")
+    with pytest.raises(PresetError, match="'method' = 'fedfoo' is not allowed"):
         load_preset(bad)
 
 
@@ -51,3 +51,33 @@ def test_missing_data_or_impossible_split_fails_before_any_superlink(tmp_path, b
     bad.write_text(f"base: {base}\ngrid: {{method: [fedavg]}}\n")
     with pytest.raises(PresetError, match=message):
         sweep.run_preset(load_preset(bad), tmp_path / "out", report=False)
+
+
+def test_sweep_reuses_identical_finished_runs_and_refuses_a_folder_with_other_settings(tmp_path):
+    """A planned run that finished under another name is not run again (also when that run
+    was made by a version that did not know some keys yet: they ran at their defaults); a
+    folder whose finished run differs from what is planned for it is an error."""
+    import json
+
+    from fedvls_flwr import sweep
+    from fedvls_flwr.config import RunConfig
+
+    out = tmp_path / "out"
+    old = out / "made-by-an-older-version"
+    old.mkdir(parents=True)
+    config = {k: v for k, v in RunConfig(dataset="digits", num_server_rounds=1).to_flower().items()
+              if k not in ("server-optimizer", "local-optimizer")}  # keys that version did not have
+    identity = {"config": {k: v for k, v in config.items() if k not in sweep.NON_IDENTITY_KEYS}, "num-supernodes": 3}
+    (old / sweep.RUN_FILE).write_text(json.dumps({"identity": identity}))
+    (old / "summary.json").write_text(json.dumps({"status": "completed", "config": config}))
+    preset_path = tmp_path / "p.yaml"
+    preset_path.write_text("base: {dataset: digits, num-server-rounds: 1}\ngrid: {method: [fedvls]}\n"
+                           "federation: {num-supernodes: 3}\n")
+    result = sweep.run_preset(sweep.load_preset(preset_path), out, report=False)
+    assert list(result["statuses"].values()) == ["skipped (the same run finished as made-by-an-older-version)"]
+    # the planned run's own folder holding a different finished run
+    name = sweep.load_preset(preset_path).runs[0]["run-name"]
+    (out / name).mkdir()
+    (out / name / "summary.json").write_text(json.dumps({"status": "completed", "config": {**config, "lr": 0.5}}))
+    with pytest.raises(PresetError, match="other settings than planned for it \\(lr\\)"):
+        sweep.run_preset(sweep.load_preset(preset_path), out, report=False)

@@ -22,6 +22,7 @@ from fedvls_flwr.report import (
     table,
     write_table,
 )
+from fedvls_flwr.tables import format_cell
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -196,7 +197,7 @@ def test_table_notes_mixed_settings_and_unused_partition_keys(tmp_path: Path):
     _write_run(tmp_path / "a", _config("fedavg", 0), 0.8, 0.8)
     _write_run(tmp_path / "b", _config("fedavg", 1, **{"num-server-rounds": 50}), 0.9, 0.9)
     _write_run(tmp_path / "c", _config("fedavg", 0, partition="shards"), 0.5, 0.5)
-    t = table(load_runs(tmp_path))
+    t = table(load_runs(tmp_path), include_incomplete=True)  # run b has 3 of its 50 rounds
     assert ("mnist10k", "shards", None) in t.row_values  # beta of a shards run is not shown
     assert any("num-server-rounds" in note for note in t.notes)
     assert not any("lambda-dis" in note for note in t.notes)
@@ -269,7 +270,7 @@ def test_make_report(runs_root: Path, tmp_path: Path):
 def test_diagnostics_table_averages_the_last_rounds_then_the_seeds(tmp_path):
     """Drift diversity and the local-update view: mean over the last LAST_ROUNDS rounds of
     each run (12 rounds here: rounds 1-2 are left out), then over seeds."""
-    from fedvls_flwr.report import LAST_ROUNDS, write_diagnostics
+    from fedvls_flwr.tables import LAST_ROUNDS, write_diagnostics
 
     assert LAST_ROUNDS == 10
     runs_dir = tmp_path / "runs"
@@ -318,3 +319,72 @@ def test_partial_partition_of_a_stopped_run_is_not_drawn_again(tmp_path):
     written = make_report(tmp_path / "runs", tmp_path / "report")
     partitions = sorted(name for name in written if name.startswith("partition"))
     assert partitions == ["partition-mnist10k-dirichlet-0.05-s0", "partition-mnist10k-dirichlet-0.05-s0-2"]
+
+
+def test_a_methods_own_setting_labels_only_that_methods_columns(tmp_path):
+    """cols [method, fedlc-tau]: FedLC's columns carry its tau; FedAvg's column is not
+    labelled with a tau it never used (its config still holds the default)."""
+    from fedvls_flwr.runs import config_value
+
+    root = tmp_path / "runs"
+    _write_run(root / "avg", _config("fedavg", 0, **{"fedlc-tau": 0.5}), 0.9, 0.9)
+    _write_run(root / "lc5", _config("fedlc", 0, **{"fedlc-tau": 0.5}), 0.8, 0.8)
+    _write_run(root / "lc1", _config("fedlc", 0, **{"fedlc-tau": 0.1}), 0.7, 0.7)
+    assert config_value(_config("fedavg", 0, **{"fedlc-tau": 0.5}), "fedlc-tau") is None
+    assert config_value(_config("fedlc", 0, **{"fedlc-tau": 0.5}), "fedlc-tau") == 0.5
+    md = (root / "report" / "results.md")
+    make_report(root, out_dir=root / "report", rows=("dataset",), cols=("method", "fedlc-tau"))
+    header = next(line for line in md.read_text().splitlines() if line.startswith("| dataset"))
+    assert header == "| dataset | FedAvg | FedLC, 0.1 | FedLC, 0.5 |"
+
+
+def test_failed_and_stopped_runs_stay_out_of_the_means_and_are_named(tmp_path):
+    """A diverging method must not look better because its failed seed is averaged in."""
+    root = tmp_path / "runs"
+    _write_run(root / "ok0", _config("fedvls", 0), 0.80, 0.78)
+    _write_run(root / "ok1", _config("fedvls", 1), 0.70, 0.70)
+    failed = _write_run(root / "bad2", _config("fedvls", 2), 0.95, 0.10, rounds=2)
+    summary = json.loads((failed / "summary.json").read_text())
+    (failed / "summary.json").write_text(json.dumps({**summary, "status": "failed"}))
+    _write_run(root / "short3", _config("fedvls", 3), 0.99, 0.99, rounds=2)  # asked 3 rounds
+    runs = load_runs(root)
+    t = table(runs, rows=("dataset",), cols=("method",))
+    (cell,) = t.cells.values()
+    assert cell.n == 2 and cell.best_mean == pytest.approx(75.0)
+    assert cell.excluded == ["seed 2: failed in round 3", "seed 3: stopped after round 2 of 3"]
+    md = make_report(root, out_dir=tmp_path / "rep", rows=("dataset",), cols=("method",))["table_md"].read_text()
+    assert "75.00 ± 7.07 (74.00 ± 5.66) [n=2 of 4, seed 2: failed in round 3; seed 3: stopped after round 2 of 3]" in md
+    everything = table(runs, rows=("dataset",), cols=("method",), include_incomplete=True)
+    assert next(iter(everything.cells.values())).n == 4
+
+
+def test_dropped_client_updates_are_shown_in_the_cell(tmp_path):
+    root = tmp_path / "runs"
+    run = _write_run(root / "a", _config("fedavg", 0), 0.8, 0.8)
+    lines = [json.loads(line) for line in (run / "rounds.jsonl").read_text().splitlines()]
+    for r in lines[1:]:
+        r.update(clients_accepted=3, clients_failed=1, clients_rejected=0)
+    lines[2]["clients_failed"] = 0  # rounds drop 1/4, 0/3, 1/4
+    (run / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    (cell,) = table(load_runs(root), rows=("dataset",), cols=("method",)).cells.values()
+    assert cell.dropped_share == pytest.approx((0.25 + 0 + 0.25) / 3)
+    assert "[17% of updates dropped]" in format_cell(cell)
+
+
+def test_paired_gap_against_pool_size(tmp_path):
+    """FedVLS minus FedAvg seed by seed, per training-pool size; 0 (the whole pool) is
+    shown as the pool's real size."""
+    root = tmp_path / "runs"
+    acc = {(3000, "fedavg"): [0.70, 0.60], (3000, "fedvls"): [0.65, 0.62],
+           (0, "fedavg"): [0.80, 0.82], (0, "fedvls"): [0.78, 0.86]}
+    for (size, method), values in acc.items():
+        for seed, best in enumerate(values):
+            run = _write_run(root / f"{method}-{size}-{seed}", _config(method, seed, **{"train-pool-size": size}), best, best)
+            summary = json.loads((run / "summary.json").read_text())
+            (run / "summary.json").write_text(json.dumps({**summary, "num_train_pool": 60000 if size == 0 else size}))
+    written = make_report(root, out_dir=tmp_path / "rep", rows=("dataset", "train-pool-size"), cols=("method",),
+                          gaps=[("FedVLS", "FedAvg")])
+    md = written["gaps_md"].read_text()
+    assert "| mnist10k | 3000 | FedVLS − FedAvg | -1.50 ± 4.95 | s0: -5.00, s1: +2.00 |" in md
+    assert "| mnist10k | 60000 | FedVLS − FedAvg | +1.00 ± 4.24 | s0: -2.00, s1: +4.00 |" in md
+    assert _is_png(written["gaps_plot"])

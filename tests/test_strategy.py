@@ -9,7 +9,10 @@ from flwr.app.metadata import Metadata
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedvls_flwr.config import RunConfig
-from fedvls_flwr.strategy import ARRAYS_KEY, CONFIG_KEY, METRICS_KEY, FedVLSStrategy, RoundFailedError, to_numpy_dict
+from fedvls_flwr.protocol import ARRAYS as ARRAYS_KEY
+from fedvls_flwr.protocol import CONFIG as CONFIG_KEY
+from fedvls_flwr.protocol import METRICS as METRICS_KEY
+from fedvls_flwr.strategy import CheckedFedAvg, RoundFailedError, to_numpy_dict
 
 GLOBAL = {"w": np.zeros((2, 2), np.float32), "b": np.zeros(2, np.float32)}
 
@@ -40,7 +43,7 @@ def arrays(value: float) -> dict:
 
 
 def test_weighted_average_over_accepted_replies_malformed_and_nan_rejected():
-    strategy = FedVLSStrategy(RunConfig())
+    strategy = CheckedFedAvg(RunConfig())
     strategy.report.sampled = 5
     replies = [
         reply(1, arrays(1.0), 10, **{"train-loss": 1.0}),
@@ -88,7 +91,7 @@ def test_round_config_carries_round_and_hyperparameters():
     cfg = RunConfig(method="fedntd", lr=0.05, num_server_rounds=2)
     grid = FakeGrid([11, 12], good)
     seen = []
-    FedVLSStrategy(cfg).run(grid, initial(), on_round_end=lambda r, a, rep: seen.append(r))
+    CheckedFedAvg(cfg).run(grid, initial(), on_round_end=lambda r, a, rep: seen.append(r))
     assert seen == [1, 2]
     config = grid.sent[1][0].content[CONFIG_KEY]
     assert config["server-round"] == 2 and config["method"] == "fedntd" and config["lr"] == 0.05
@@ -96,9 +99,9 @@ def test_round_config_carries_round_and_hyperparameters():
 
 def test_seeded_partial_participation():
     nodes = list(range(100, 110))
-    a = FedVLSStrategy(RunConfig(fraction_train=0.3, seed=1))
-    b = FedVLSStrategy(RunConfig(fraction_train=0.3, seed=1))
-    c = FedVLSStrategy(RunConfig(fraction_train=0.3, seed=2))
+    a = CheckedFedAvg(RunConfig(fraction_train=0.3, seed=1))
+    b = CheckedFedAvg(RunConfig(fraction_train=0.3, seed=1))
+    c = CheckedFedAvg(RunConfig(fraction_train=0.3, seed=2))
     assert len(a.sample(nodes, 1)) == 3
     assert a.sample(nodes, 1) == b.sample(nodes, 1) == b.sample(list(reversed(nodes)), 1)
     assert a.sample(nodes, 1) != a.sample(nodes, 2) or a.sample(nodes, 1) != c.sample(nodes, 1)
@@ -110,7 +113,7 @@ def test_failing_client_is_dropped_and_the_round_completes():
 
     reports = []
     cfg = RunConfig(num_server_rounds=1, min_fit_fraction=0.5)
-    final = FedVLSStrategy(cfg).run(FakeGrid([11, 12, 13], respond), initial(), on_round_end=lambda r, a, rep: reports.append(rep))
+    final = CheckedFedAvg(cfg).run(FakeGrid([11, 12, 13], respond), initial(), on_round_end=lambda r, a, rep: reports.append(rep))
     assert reports[0].accepted == 2 and len(reports[0].failed) == 1 and reports[0].attempts == 1
     np.testing.assert_allclose(to_numpy_dict(final)["w"], np.full((2, 2), 12.0))
 
@@ -121,12 +124,12 @@ def test_too_few_replies_retries_then_stops_with_a_clear_error():
 
     reports = []
     cfg = RunConfig(num_server_rounds=1, min_fit_fraction=1.0, round_retries=1)
-    FedVLSStrategy(cfg).run(FakeGrid([11, 12], respond), initial(), on_round_end=lambda r, a, rep: reports.append(rep))
+    CheckedFedAvg(cfg).run(FakeGrid([11, 12], respond), initial(), on_round_end=lambda r, a, rep: reports.append(rep))
     assert reports[0].attempts == 2 and reports[0].accepted == 2 and len(reports[0].failed) == 2
 
     never = FakeGrid([11, 12], lambda n, a: None)
     with pytest.raises(RoundFailedError, match="min-fit-fraction"):
-        FedVLSStrategy(RunConfig(num_server_rounds=1, round_retries=2)).run(never, initial(), on_round_end=lambda *a: None)
+        CheckedFedAvg(RunConfig(num_server_rounds=1, round_retries=2)).run(never, initial(), on_round_end=lambda *a: None)
     assert never.calls == 3
 
 
@@ -142,13 +145,13 @@ def test_min_nodes_is_a_start_condition_not_a_per_round_one():
             grid.nodes.remove(13)  # node 13 vanished
 
     cfg = RunConfig(num_server_rounds=3, min_nodes=3)
-    FedVLSStrategy(cfg).run(grid, initial(), on_round_end=on_round_end)
+    CheckedFedAvg(cfg).run(grid, initial(), on_round_end=on_round_end)
     assert sampled == [3, 2, 2]
 
 
 def test_a_federation_with_no_node_left_stops_after_round_timeout():
     grid = FakeGrid([11], good)
-    strategy = FedVLSStrategy(RunConfig(num_server_rounds=2, min_nodes=1, round_timeout=1.0))
+    strategy = CheckedFedAvg(RunConfig(num_server_rounds=2, min_nodes=1, round_timeout=1.0))
     with pytest.raises(RoundFailedError, match="no node has been connected"):
         strategy.run(grid, initial(), on_round_end=lambda r, a, rep: grid.nodes.clear())
 
@@ -158,7 +161,9 @@ def test_nan_reply_keeps_the_global_model_finite():
         bad = {k: np.full_like(v, np.nan) for k, v in GLOBAL.items()}
         return reply(node, bad if node == 11 else arrays(2.0), 10)
 
-    final = FedVLSStrategy(RunConfig(num_server_rounds=1)).run(FakeGrid([11, 12], respond), initial(), on_round_end=lambda *a: None)
+    final = CheckedFedAvg(RunConfig(num_server_rounds=1)).run(
+        FakeGrid([11, 12], respond), initial(), on_round_end=lambda *a: None
+    )
     assert all(np.isfinite(v).all() for v in to_numpy_dict(final).values())
 
 
@@ -184,11 +189,12 @@ def test_federated_evaluation_pools_per_class_counts():
 
 
 def test_client_evaluate_round_uses_the_local_test_split():
+    # ARRAYS_KEY, CONFIG_KEY: the protocol names imported at the top
+    from flwr.app import ConfigRecord
+
     from fedvls_flwr.client import evaluate_round
     from fedvls_flwr.config import RunConfig
     from fedvls_flwr.models import build_model
-    from fedvls_flwr.strategy import ARRAYS_KEY, CONFIG_KEY
-    from flwr.app import ConfigRecord
 
     cfg = RunConfig(dataset="digits", dirichlet_beta=0.5)
     model = build_model("mlp", (1, 8, 8), 10)
@@ -223,7 +229,7 @@ def test_aggregated_record_round_trips_0d_integer_buffers_across_rounds():
     through the ArrayRecord the strategy broadcasts, is the reference the next round's
     replies are checked against; every reply of every round must be accepted."""
     layout = {"w": np.zeros((2, 2), np.float32), "bn.num_batches_tracked": np.array(0, np.int64)}
-    strategy = FedVLSStrategy(RunConfig())
+    strategy = CheckedFedAvg(RunConfig())
     reference = layout
     for server_round in (1, 2, 3):
         strategy.report.sampled = 2
@@ -240,3 +246,69 @@ def test_aggregated_record_round_trips_0d_integer_buffers_across_rounds():
         assert reference["bn.num_batches_tracked"].shape == ()
         assert reference["bn.num_batches_tracked"].dtype == np.int64
         assert int(reference["bn.num_batches_tracked"]) == server_round * 5
+
+
+class PartitionGrid(FakeGrid):
+    """Answers query messages with the node's partition id (``partition_of``), train
+    messages with ``respond``."""
+
+    def __init__(self, partition_of, respond):
+        super().__init__(list(partition_of), respond)
+        self.partition_of = partition_of
+
+    def send_and_receive(self, messages, timeout=None):
+        messages = list(messages)
+        if messages and messages[0].metadata.message_type == "query":
+            self.sent.append(messages)
+            return [query_reply(m.metadata.dst_node_id, self.partition_of[m.metadata.dst_node_id]) for m in messages]
+        return super().send_and_receive(messages, timeout)
+
+
+def query_reply(node, partition):
+    meta = Metadata(
+        run_id=1, message_id=f"q{node}", src_node_id=node, dst_node_id=0, reply_to_message_id="x",
+        group_id="0", created_at=time.time(), ttl=60.0, message_type="query",
+    )
+    return Message(RecordDict({METRICS_KEY: MetricRecord({"partition-id": partition})}), metadata=meta)
+
+
+def test_partial_participation_samples_the_same_partitions_whatever_the_node_ids():
+    """Flower's node ids are random per run: two runs with the same seed (two methods)
+    must train the same partitions in every round; the strategy learns each node's
+    partition once with a query message."""
+    cfg = RunConfig(fraction_train=0.3, seed=5, num_server_rounds=4)
+    picked = []
+    for node_ids in ([901, 17, 455, 23, 78, 3000, 64, 12, 5, 700], [3, 88, 41, 2, 999, 5000, 7, 61, 10, 400]):
+        partition_of = {node: pid for pid, node in enumerate(node_ids)}
+        grid = PartitionGrid(partition_of, good)
+        rounds = []
+        CheckedFedAvg(cfg).run(grid, initial(), on_round_end=lambda r, a, rep, rounds=rounds, of=partition_of: (
+            rounds.append(sorted(of[n] for n in rep.sampled_nodes))))
+        assert sum(1 for batch in grid.sent if batch[0].metadata.message_type == "query") == 1  # asked once
+        picked.append(rounds)
+    assert picked[0] == picked[1] and all(len(r) == 3 for r in picked[0])
+    assert len({tuple(r) for r in picked[0]}) > 1  # different clients from round to round
+
+
+def test_failures_name_the_partition_of_the_node():
+    cfg = RunConfig(num_server_rounds=2, min_fit_fraction=0.3)
+
+    def respond(node, attempt):
+        if node == 12 and attempt == 2:
+            return reply(node, error="boom")
+        if node == 13 and attempt == 2:
+            return None  # no reply
+        return reply(node, arrays(1.0), 10, **{"partition-id": node - 10})
+
+    reports = []
+    CheckedFedAvg(cfg).run(FakeGrid([11, 12, 13], respond), initial(), on_round_end=lambda r, a, rep: reports.append(rep))
+    failed = {f["node"]: f for f in reports[1].failed}
+    assert failed["12"]["partition_id"] == 2 and "boom" in failed["12"]["reason"]
+    assert failed["13"]["partition_id"] == 3 and "no reply" in failed["13"]["reason"]
+
+
+def test_train_messages_go_out_largest_client_first_once_sizes_are_known():
+    sizes = {11: 10, 12: 300, 13: 50}
+    grid = FakeGrid(list(sizes), lambda node, attempt: reply(node, arrays(1.0), sizes[node]))
+    CheckedFedAvg(RunConfig(num_server_rounds=2)).run(grid, initial(), on_round_end=lambda *a: None)
+    assert [m.metadata.dst_node_id for m in grid.sent[1]] == [12, 13, 11]

@@ -7,9 +7,13 @@ import torch
 from torch import nn
 
 from fedvls_flwr import training
-from fedvls_flwr.config import METHODS, RunConfig
+from fedvls_flwr.config import RunConfig
+from fedvls_flwr.methods import get_method, method_names, method_params
+from fedvls_flwr.models import FeatureTap, ProjectionModel
 from fedvls_flwr.objectives import build_objective
-from fedvls_flwr.training import make_teacher, objective_params, train_local
+from fedvls_flwr.training import make_teacher, train_local
+
+METHODS = method_names()
 
 NUM_CLASSES = 5
 PRESENT = (0, 1, 2)  # classes 3 and 4 are vacant on this client (|O| = 2: L_dis is active)
@@ -26,9 +30,23 @@ def _problem(n_per_class=(24, 12, 4), seed=0):
     return torch.cat(xs).view(-1, 1, 4, 4), torch.cat(ys)
 
 
-def _mlp(seed=0):
+def _mlp(seed=0, method="fedavg"):
+    """A small MLP; with MOON's projection head where the method has one."""
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Flatten(), nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, NUM_CLASSES))
+    model = nn.Sequential(nn.Flatten(), nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, NUM_CLASSES))
+    return ProjectionModel(model, 8, NUM_CLASSES) if get_method(method).projection_head else model
+
+
+def _forward(model, x, objective):
+    """(logits, what objective.features names)."""
+    if objective.features == "projection":
+        return model.project(x)
+    if objective.features == "penultimate":
+        tap = FeatureTap(model)
+        logits = model(x)
+        tap.remove()
+        return logits, tap.features
+    return model(x), None
 
 
 def _tiny_convnet(seed=0):
@@ -42,10 +60,13 @@ def _tiny_convnet(seed=0):
 def _full_loss(model, teacher, x, y, cfg):
     """The configured objective on the whole local set (teacher = the received model)."""
     counts = torch.bincount(y, minlength=NUM_CLASSES)
-    objective = build_objective(cfg.method, counts, objective_params(cfg))
+    objective = build_objective(cfg.method, counts, method_params(cfg))
     with torch.no_grad():
-        t_logits = teacher(x) if objective.needs_teacher else None
-        loss, _ = objective(model(x), y, t_logits)
+        t_out = None
+        if objective.needs_teacher:
+            t_out = teacher(x) if objective.teacher_output == "logits" else teacher.project(x)[1]
+        logits, features = _forward(model, x, objective)
+        loss, _ = objective(logits, y, t_out, features)
     return float(loss)
 
 
@@ -61,8 +82,8 @@ def _state(model):
 @pytest.mark.parametrize("method", METHODS)
 def test_train_local_lowers_the_loss(method):
     x, y = _problem()
-    cfg = _cfg(method=method)
-    model = _mlp()
+    cfg = _cfg(method=method, moon_projection_dim=8)
+    model = _mlp(method=method)
     received = make_teacher(model, "eval")
     before = _full_loss(model, received, x, y, cfg)
     res = train_local(

@@ -1,0 +1,130 @@
+"""What each part of a run costs: local objectives and local optimizers per training step,
+server optimizers per round, against FedAvg.
+
+    python bench/bench_parts.py                 # 1 thread, median of 5
+    python bench/bench_parts.py --repeats 3
+
+Local side: the app's own training loop (``fedvls_flwr.training.train_local``) on one
+client of the paper's MNIST setting - the 784-200-200-10 MLP, batch 64, one thread,
+SGD with momentum, 5 local epochs - with the class counts of a Dirichlet-0.05 client
+(6 of 10 classes vacant, so every FedVLS term runs) on 1,024 random 28x28 inputs. The
+time of a whole round divided by its steps, so the once-per-round teacher forward is
+included. MOON is timed in a client's second round (its previous model present).
+
+Server side: one ``step`` of each server optimizer on the MLP's arrays with 10 clients'
+replies (the checked average is computed before and not timed).
+
+Prints Markdown tables. Repeats are interleaved across configurations so a busy machine
+distorts the comparison less.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from fedvls_flwr.aggregation import Reply, weighted_average  # noqa: E402
+from fedvls_flwr.config import RunConfig  # noqa: E402
+from fedvls_flwr.methods import get_part  # noqa: E402
+from fedvls_flwr.models import build_run_model  # noqa: E402
+from fedvls_flwr.server_optim import build_server_optimizer  # noqa: E402
+from fedvls_flwr.training import ClientState, train_local  # noqa: E402
+
+CLIENT_COUNTS = [155, 0, 7, 0, 0, 152, 0, 0, 0, 808]  # client 0, seed 0, Dirichlet 0.05, mnist10k
+LOCAL = {
+    "fedavg": {},
+    "fedprox": {"method": "fedprox"},
+    "moon": {"method": "moon"},
+    "fedrs": {"method": "fedrs"},
+    "fedlmd": {"method": "fedlmd"},
+    "feddecorr": {"method": "feddecorr"},
+    "fedlc": {"method": "fedlc"},
+    "fedntd": {"method": "fedntd"},
+    "fedvls": {"method": "fedvls"},
+    "fedavg + sam": {"local_optimizer": "sam"},
+    "fedvls + sam": {"method": "fedvls", "local_optimizer": "sam"},
+    "fedavg, momentum carried": {"optimizer_state": "carry"},
+}
+SERVER = ["fedavg", "fedexp", "fedavgm", "fedadam", "fedyogi", "fedadagrad"]
+
+
+def client_data(n: int = 1024):
+    g = torch.Generator().manual_seed(0)
+    p = torch.tensor(CLIENT_COUNTS, dtype=torch.float)
+    y = torch.multinomial(p, n, replacement=True, generator=g)
+    return torch.randn(n, 1, 28, 28, generator=g), y
+
+
+def local_round_ms_per_step(overrides: dict, x, y, epochs: int) -> float:
+    cfg = RunConfig(**{"method": "fedavg", "local_epochs": epochs, "device": "cpu", **overrides})
+    torch.manual_seed(0)
+    model = build_run_model(cfg, (1, 28, 28), 10)
+    state = ClientState()
+    if get_part("method", cfg.method).client_state:  # a second round: the previous model is there
+        train_local(model, x, y, 10, cfg.replace(local_epochs=1), device=torch.device("cpu"),
+                    generator=torch.Generator().manual_seed(1), state=state)
+    start = time.perf_counter()
+    res = train_local(model, x, y, 10, cfg, device=torch.device("cpu"), generator=torch.Generator().manual_seed(2),
+                      state=state)
+    return (time.perf_counter() - start) / res.steps * 1e3
+
+
+def server_step_ms(name: str, rounds: int = 5) -> float:
+    cfg = RunConfig(server_optimizer=name, fedavgm_momentum=0.9)
+    params = get_part("server-optimizer", name).params(cfg.to_flower())
+    opt = build_server_optimizer(name, params)
+    model = build_run_model(cfg.replace(method="fedavg"), (1, 28, 28), 10)
+    w = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+    rng = np.random.default_rng(0)
+    times = []
+    for t in range(1, rounds + 1):
+        replies = [Reply(str(i), {k: v + 0.01 * rng.standard_normal(v.shape).astype(v.dtype) for k, v in w.items()},
+                         100 + i, {}) for i in range(10)]
+        avg = weighted_average(replies, w)
+        start = time.perf_counter()
+        w = opt.step(t, w, avg, replies)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--epochs", type=int, default=5)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    x, y = client_data()
+    local = {k: [] for k in LOCAL}
+    server = {k: [] for k in SERVER}
+    for _ in range(args.repeats):
+        for name, overrides in LOCAL.items():
+            local[name].append(local_round_ms_per_step(overrides, x, y, args.epochs))
+        for name in SERVER:
+            server[name].append(server_step_ms(name))
+    base = statistics.median(local["fedavg"])
+    print(f"Local training step, MNIST MLP, batch 64, 1 thread, {args.epochs} epochs of 1,024 samples "
+          f"(teacher forward included), median of {args.repeats} (range)\n")
+    print("| method / local optimizer | ms per step | / FedAvg |")
+    print("| --- | --- | --- |")
+    for name, values in local.items():
+        m = statistics.median(values)
+        print(f"| {name} | {m:.2f} ({min(values):.2f}-{max(values):.2f}) | {m / base:.2f}x |")
+    sbase = statistics.median(server["fedavg"])
+    print(f"\nServer optimizer step, MLP (199,210 parameters), 10 replies, median of {args.repeats}\n")
+    print("| server optimizer | ms per round | - FedAvg (ms) |")
+    print("| --- | --- | --- |")
+    for name, values in server.items():
+        m = statistics.median(values)
+        print(f"| {name} | {m:.2f} ({min(values):.2f}-{max(values):.2f}) | {m - sbase:+.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""Node-local image folders (ImageFolder layout) read into a named dataset's representation,
+so a site's own images fit the run's model: same size, channels and normalisation, label
+ids fixed by a class list."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .bundle import DatasetNotFoundError, ImageFormat
+
+FOLDER_IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".ppm", ".pgm", ".tif", ".tiff")
+
+
+
+
+
+@dataclass(frozen=True, eq=False)
+class FolderImages:
+    """Images of a folder tree in ``fmt``'s representation; ``y`` indexes ``class_names``."""
+
+    x: torch.Tensor  # float32 (N, C, H, W) normalised, or uint8 (N, C, H, W)
+    y: torch.Tensor  # int64 (N,)
+    class_names: tuple[str, ...]
+    files: tuple[str, ...]  # paths relative to the root, in the order of x
+    mean: tuple[float, ...] | None
+    std: tuple[float, ...] | None
+
+
+def _folder_help(root: Path, classes: tuple[str, ...]) -> str:
+    shown = ", ".join(classes[:5]) + (", ..." if len(classes) > 5 else "")
+    return (
+        f"Expected an ImageFolder-style tree: {root}/<class name>/<image>"
+        f"({'|'.join(e.lstrip('.') for e in FOLDER_IMAGE_EXTENSIONS[:3])}|...), one folder per class "
+        f"of the class list ({shown}); sub-folders inside a class folder are read too."
+    )
+
+
+def folder_image_list(root: Path, classes: tuple[str, ...] | list[str]) -> list[tuple[str, int]]:
+    """``[(path relative to root, label)]`` for every image of the tree, sorted.
+
+    A class of ``classes`` without a folder is a vacant class (no error); a class folder
+    whose name is not in ``classes`` is an error (its label would be undefined). Hidden
+    entries (``.name``) and files directly under ``root`` are ignored.
+    """
+    root = Path(root)
+    classes = tuple(classes)
+    if not classes:
+        raise ValueError("folder dataset: the class list is empty; give classes=\"name0,name1,...\"")
+    if len(set(classes)) != len(classes):
+        twice = sorted({c for c in classes if classes.count(c) > 1})
+        raise ValueError(f"folder dataset: the class list names {', '.join(twice)} more than once")
+    if not root.is_dir():
+        raise DatasetNotFoundError(
+            f"folder dataset not found: {root} does not exist or is not a folder. " + _folder_help(root, classes)
+        )
+    try:
+        folders = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    except OSError as e:
+        raise DatasetNotFoundError(f"folder dataset: cannot list {root}: {e}") from e
+    unknown = [f for f in folders if f not in classes]
+    if unknown:
+        shown = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+        raise ValueError(
+            f"folder dataset {root}: class folder(s) {shown} are not in the class list "
+            f"({len(classes)} names); add them to the list (its order fixes the label ids, "
+            f"so every node must use the same list) or move the folders out"
+        )
+    out: list[tuple[str, int]] = []
+    for label, name in enumerate(classes):
+        base = root / name
+        if not base.is_dir():
+            continue  # vacant class on this node
+        for dirpath, dirnames, filenames in os.walk(base, followlinks=True):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            rel_dir = Path(dirpath).relative_to(root)
+            for fname in sorted(filenames):
+                if not fname.startswith(".") and fname.lower().endswith(FOLDER_IMAGE_EXTENSIONS):
+                    out.append(((rel_dir / fname).as_posix(), label))
+    if not out:
+        raise DatasetNotFoundError(f"folder dataset {root}: no images found. " + _folder_help(root, classes))
+    out.sort()
+    return out
+
+
+def _decode_folder_image(path: Path, size: tuple[int, int], mode: str) -> np.ndarray:
+    from PIL import Image
+
+    with Image.open(path) as im:
+        im = im.convert(mode)
+        if im.size != (size[1], size[0]):
+            im = im.resize((size[1], size[0]), Image.BILINEAR)
+        arr = np.asarray(im, dtype=np.uint8)
+    return arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
+
+
+def load_image_folder(root: Path, classes: tuple[str, ...] | list[str], fmt: ImageFormat) -> FolderImages:
+    """Read an ImageFolder-style tree into ``fmt``'s representation.
+
+    Every image is converted to ``fmt``'s channels (``L`` for 1, ``RGB`` for 3) and
+    resized (bilinear, aspect ratio not kept) to ``fmt``'s height x width, e.g. 8x8 for
+    digits, 28x28 for MNIST, 32x32 for CIFAR, 64x64 for TinyImageNet. Grayscale formats
+    are stored normalised float32 with ``fmt``'s statistics; RGB formats stay uint8 with
+    ``fmt.mean``/``fmt.std`` returned for the training code to apply. Labels are indices
+    into ``classes``.
+    """
+    root = Path(root)
+    classes = tuple(classes)
+    items = folder_image_list(root, classes)
+    channels, height, width = fmt.shape
+    if channels not in (1, 3):
+        raise ValueError(f"folder dataset: {channels} channels are not supported (1 or 3)")
+    mode = "L" if channels == 1 else "RGB"
+    raw = np.empty((len(items), channels, height, width), dtype=np.uint8)
+
+    def work(i: int) -> None:
+        path = root / items[i][0]
+        try:
+            raw[i] = _decode_folder_image(path, (height, width), mode)
+        except Exception as e:  # noqa: BLE001 - PIL raises many types for a bad file
+            raise DatasetNotFoundError(f"folder dataset: cannot read image {path}: {type(e).__name__}: {e}") from e
+
+    workers = max(1, min(8, os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=workers) as ex:  # PIL releases the GIL while decoding
+        list(ex.map(work, range(len(items))))
+    y = torch.tensor([label for _, label in items], dtype=torch.int64)
+    if fmt.normalised:
+        x = torch.from_numpy(raw).to(torch.float32).div_(255.0)
+        mean = torch.tensor(fmt.mean, dtype=torch.float32).view(1, -1, 1, 1)
+        std = torch.tensor(fmt.std, dtype=torch.float32).view(1, -1, 1, 1)
+        x = x.sub_(mean).div_(std).contiguous()
+        return FolderImages(x, y, classes, tuple(r for r, _ in items), None, None)
+    return FolderImages(torch.from_numpy(raw), y, classes, tuple(r for r, _ in items), fmt.mean, fmt.std)
+
+

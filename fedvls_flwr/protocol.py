@@ -1,0 +1,39 @@
+"""What server and clients say to each other: record keys and metric names, in one place.
+
+A training message carries the global weights (ArrayRecord ``ARRAYS``) and the whole
+validated run config plus the round (ConfigRecord ``CONFIG``); the reply carries the
+trained weights (``ARRAYS``) and a MetricRecord ``METRICS`` with the names below. An
+evaluation reply carries only ``METRICS`` (per-class counts, so the server can pool them).
+Flower-free: plain strings.
+"""
+
+from __future__ import annotations
+
+# record keys of a message's RecordDict
+ARRAYS = "arrays"
+CONFIG = "config"
+METRICS = "metrics"
+
+# config record: the run config's keys plus
+SERVER_ROUND = "server-round"
+
+# training reply metrics
+NUM_EXAMPLES = "num-examples"  # the weight of this reply in the average
+TRAIN_LOSS = "train-loss"
+TRAIN_TERM_PREFIX = "train-"  # + each loss term's name (train-cal, train-dis, ...)
+NUM_VACANT = "num-vacant"
+PARTITION_ID = "partition-id"  # identity (the node's partition or site), not a quantity
+CLASS_COUNTS = "class-counts"
+LOCAL_PER_CLASS_ACCURACY = "local-per-class-accuracy"  # with local-eval
+
+# evaluation reply metrics (federated evaluation)
+LOSS_SUM = "loss-sum"
+CORRECT_PER_CLASS = "correct-per-class"
+TOTAL_PER_CLASS = "total-per-class"
+
+#: Reply metrics that describe the client rather than measure its training; they are not averaged.
+IDENTITY_METRICS = (PARTITION_ID,)
+
+# a client's Context.state between rounds (methods that keep state; optimizer-state = carry)
+STATE_PREVIOUS_MODEL = "fedvls-previous-model"  # ArrayRecord: the model after the last local training
+STATE_MOMENTUM = "fedvls-momentum"  # ArrayRecord: momentum buffer i under key str(i)

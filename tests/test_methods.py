@@ -1,0 +1,81 @@
+"""The method registry, the run config, pyproject and the objectives agree."""
+
+import importlib
+import math
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedvls_flwr.config import SETTINGS, RunConfig, parse_run_config
+from fedvls_flwr.methods import METHODS, get_method, method_names, method_params, method_settings, owners
+from fedvls_flwr.objectives import Objective, build_objective
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_setting_is_in_pyproject_with_its_declared_default():
+    raw = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    assert raw == {s.key: s.default for s in SETTINGS}
+    assert {type(raw[s.key]) for s in SETTINGS if s.kind is float} == {float}  # 1.0, not 1
+
+
+@pytest.mark.parametrize("method", method_names())
+def test_registered_objective_exists_and_matches_its_declaration(method):
+    spec = get_method(method)
+    module, _, name = spec.impl.partition(":")
+    cls = getattr(importlib.import_module(module), name)
+    assert issubclass(cls, Objective) and cls.name == method
+    two_vacant = torch.tensor([5, 0, 3, 0, 7])
+    objective = build_objective(method, two_vacant)
+    assert objective.params == spec.defaults()  # exactly its own keys, at their defaults
+    assert objective.needs_teacher == spec.uses_teacher
+
+
+def test_method_params_are_the_methods_own_keys_from_the_validated_config():
+    cfg = parse_run_config({"method": "fedlc", "fedlc-tau": 0.1, "lambda-dis": 0.7})
+    assert method_params(cfg) == {"fedlc-tau": 0.1, "fedlc-form": "standard"}
+    assert method_params(RunConfig(method="fedavg")) == {}
+
+
+def test_a_methods_key_is_validated_once_with_one_spelling():
+    with pytest.raises(ValueError, match="'fedntd-tau' = 0.0: must be > 0"):
+        parse_run_config({"fedntd-tau": 0.0})
+    with pytest.raises(ValueError, match="'fedntd-tau' = 0.0: must be > 0"):
+        build_objective("fedntd", torch.tensor([1, 2]), {"fedntd-tau": 0.0})
+
+
+def test_shared_settings_are_one_declaration():
+    assert len({s.key for s in method_settings()}) == len(method_settings())
+    assert {name for _, name in owners("teacher-mode")} == {"fedntd", "fedlmd", "fedvls", "fedvls-paper"}
+    assert owners("sam-rho") == (("local-optimizer", "sam"),)
+    assert owners("lr") == ()
+    assert [m.name for m in METHODS] == list(method_names())
+
+
+def test_every_run_config_key_is_documented_in_the_readme():
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Run configuration", 1)[1].split("\n## ", 1)[0]
+    missing = [s.key for s in SETTINGS if f"`{s.key}`" not in section]
+    assert not missing, f"README 'Run configuration' lacks {missing}"
+
+
+@pytest.mark.parametrize("local", ["sgd", "sam"])
+@pytest.mark.parametrize("method", method_names())
+def test_every_method_trains_with_every_local_optimizer_and_optimizer_state(method, local):
+    from fedvls_flwr.models import build_run_model
+    from fedvls_flwr.training import ClientState, train_local
+
+    g = torch.Generator().manual_seed(0)
+    y = torch.tensor([0, 1, 1, 0, 0, 1, 3, 0] * 3)  # classes 2 vacant, 3 rare
+    x = torch.randn(len(y), 1, 4, 4, generator=g) + y.view(-1, 1, 1, 1).float()
+    for mode in ("fresh", "carry"):
+        cfg = RunConfig(method=method, local_optimizer=local, optimizer_state=mode, local_epochs=1, batch_size=8,
+                        moon_projection_dim=8, device="cpu")
+        torch.manual_seed(0)
+        model = build_run_model(cfg, (1, 4, 4), 4)
+        state = ClientState()
+        for _ in range(2):  # a second round sees the state of the first
+            res = train_local(model, x, y, 4, cfg, device=torch.device("cpu"), generator=g, state=state)
+            assert all(math.isfinite(v) for v in res.terms.values()), (method, local, mode, res.terms)
