@@ -10,8 +10,9 @@ Deployment mode (no ``--simulation``): :meth:`LocalSuperLink.start_supernode` st
 ``flower-supernode`` processes on 127.0.0.1 (each with its own Runtime API port, its own
 ``FLWR_HOME`` and its own ``--node-config``), optionally over TLS (``TlsFiles``) and with
 SuperNode authentication (keys registered with :meth:`LocalSuperLink.register_supernode`,
-i.e. ``flwr supernode register``). :mod:`fedvls_flwr.deploy` is the command-line launcher
-built on it.
+i.e. ``flwr supernode register``), optionally behind the nginx fence
+(:meth:`LocalSuperLink.start_fence`, :mod:`fedvls_flwr.fence`). Every port comes from an
+optional ``port_range``. :mod:`fedvls_flwr.deploy` is the command-line launcher built on it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from contextlib import closing
 from dataclasses import dataclass, field
@@ -35,11 +37,56 @@ from .settings import toml_value
 BIN_DIR = Path(sys.executable).parent
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 
+# A SuperNode's SuperExec asks it for a new task every FLWR_SUPEREXEC_TASK_POLL_INTERVAL
+# seconds (Flower's default 1.0) before it starts the task's flwr-clientapp: on average
+# half of that is added to every message. 0.1 s costs about 2 CPU-seconds per minute per
+# SuperNode in idle polling (measured; docs/performance.md, deployment section).
+SUPEREXEC_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
+SUPEREXEC_POLL_SECONDS = "0.1"
 
-def free_port() -> int:
-    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+
+def free_port(port_range: tuple[int, int] | None = None, taken: set[int] | frozenset[int] = frozenset()) -> int:
+    """A TCP port nothing listens on: any (the OS picks) or the first free one in
+    ``port_range`` (inclusive) that is not in ``taken`` (ports already handed out)."""
+    if port_range is None:
+        while True:
+            with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+            if port not in taken:
+                return port
+    lo, hi = port_range
+    for port in range(lo, hi + 1):
+        if port in taken:
+            continue
+        with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+            try:
+                # Free on every interface: the fence and SuperLinks elsewhere may bind 0.0.0.0.
+                sock.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return port
+    raise PortRangeError(
+        f"no free TCP port left in {lo}-{hi} ({len([p for p in taken if lo <= p <= hi])} handed out here, "
+        "the rest in use); widen --port-range"
+    )
+
+
+class PortRangeError(RuntimeError):
+    """The port range has no free port left."""
+
+
+def parse_port_range(text: str | None) -> tuple[int, int] | None:
+    """``"LO-HI"`` -> (LO, HI), inclusive; None for None/empty. Raises ValueError saying what is wrong."""
+    if not text:
+        return None
+    lo, sep, hi = text.partition("-")
+    if not sep or not lo.strip().isdigit() or not hi.strip().isdigit():
+        raise ValueError(f"--port-range {text!r}: expected LO-HI, e.g. 20000-20099")
+    lo_i, hi_i = int(lo), int(hi)
+    if not 1024 <= lo_i <= hi_i <= 65535:
+        raise ValueError(f"--port-range {text!r}: need 1024 <= LO <= HI <= 65535")
+    return lo_i, hi_i
 
 
 def flower_env(flwr_home: Path, **extra: str) -> dict[str, str]:
@@ -195,6 +242,12 @@ class LocalSuperLink:
     """A SuperLink on 127.0.0.1 in a private FLWR_HOME; a context manager that stops it.
 
     Flower 1.41 serves the Fleet, Control and Runtime APIs over HTTP on one port.
+    :meth:`start_fence` puts nginx in front of it (see :mod:`fedvls_flwr.fence`): SuperNodes
+    then dial the fence, and this object's ``flwr`` commands go through the operator link
+    with the operator's client certificate, as an operator's would.
+
+    ``port_range``: every port this object opens (SuperLink, SuperNodes' Runtime APIs,
+    fence, operator link) comes from this inclusive range.
     """
 
     home: Path
@@ -202,17 +255,30 @@ class LocalSuperLink:
     extra_args: list[str] = field(default_factory=list)
     env_extra: dict[str, str] = field(default_factory=dict)
     port: int = 0
+    port_range: tuple[int, int] | None = None
     connection: str = "fedvls"
     processes: list[subprocess.Popen] = field(default_factory=list)
     started_pids: list[int] = field(default_factory=list)  # every PID ever spawned here
     tls: TlsFiles | None = field(default=None, init=False)
     insecure: bool = field(default=True, init=False)
+    fence_port: int | None = field(default=None, init=False)      # what SuperNodes dial when fenced
+    control_port: int | None = field(default=None, init=False)    # the operator link, when fenced
+    ports: set[int] = field(default_factory=set, init=False)      # handed out by new_port()
 
     def __post_init__(self) -> None:
         self.home = Path(self.home)
         self.home.mkdir(parents=True, exist_ok=True)
-        self.port = self.port or free_port()
+        self.port = self.port or self.new_port()
+        self.ports.add(self.port)
         self.env = flower_env(self.home, **self.env_extra)
+        self._reaper_stop = threading.Event()
+        self._reaper: threading.Thread | None = None
+
+    def new_port(self) -> int:
+        """A free port (from ``port_range`` when set) not handed out before by this object."""
+        port = free_port(self.port_range, self.ports)
+        self.ports.add(port)
+        return port
 
     # ---- lifecycle ------------------------------------------------------------
     def start(
@@ -270,12 +336,34 @@ class LocalSuperLink:
             handle.close()
         self.processes.append(proc)
         self.started_pids.append(proc.pid)
+        self._start_reaper()
         return proc
 
-    def write_connection(self, insecure: bool = True, root_certificates: Path | None = None) -> None:
+    def _start_reaper(self) -> None:
+        """Reap children that exit while we run (e.g. a SuperNode killed by an operator).
+
+        Flower's SuperExec and flwr-clientapp watch their parent with ``os.kill(pid, 0)``,
+        which succeeds for a zombie: an unreaped dead SuperNode would keep its SuperExec
+        and a running ClientApp alive (docs/deployment.md, "A SuperNode killed").
+        """
+        if self._reaper is not None and self._reaper.is_alive():
+            return
+        self._reaper_stop.clear()
+
+        def reap() -> None:
+            while not self._reaper_stop.wait(0.5):
+                for proc in list(self.processes):
+                    proc.poll()
+
+        self._reaper = threading.Thread(target=reap, name="fedvls-reaper", daemon=True)
+        self._reaper.start()
+
+    def write_connection(
+        self, insecure: bool = True, root_certificates: Path | None = None, port: int | None = None,
+    ) -> None:
         lines = [
             "[superlink]", f'default = "{self.connection}"', "",
-            f"[superlink.{self.connection}]", f'address = "127.0.0.1:{self.port}"',
+            f"[superlink.{self.connection}]", f'address = "127.0.0.1:{port or self.port}"',
         ]
         if insecure:
             lines.append("insecure = true")
@@ -286,6 +374,48 @@ class LocalSuperLink:
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def fleet_address(self) -> str:
+        """What SuperNodes dial: the fence when there is one, else the SuperLink itself."""
+        return f"127.0.0.1:{self.fence_port or self.port}"
+
+    def start_fence(self, operator_cert: Path, operator_key: Path, timeout: float = 30.0) -> LocalSuperLink:
+        """nginx in front of the (TLS) SuperLink, and the operator link for our ``flwr`` commands.
+
+        After this, SuperNodes started here dial the fence, which passes only the Fleet API
+        on; ``flwr`` commands of this object go through the operator link (127.0.0.1,
+        plain) that presents ``operator_cert`` to the fence, where the Control API is
+        passed on only to such a client certificate.
+        """
+        from .fence import check_nginx_config, nginx_command, operator_link_command, require_nginx, write_standalone_config
+
+        if self.tls is None:
+            raise ValueError("the fence needs a SuperLink started with tls=TlsFiles(...)")
+        nginx = require_nginx()
+        fence_port = self.new_port()
+        conf = write_standalone_config(
+            self.home / "fence", listen=f"127.0.0.1:{fence_port}", superlink_port=self.port,
+            server_cert=self.tls.server_cert, server_key=self.tls.server_key, ca_cert=self.tls.ca_cert,
+        )
+        check_nginx_config(nginx, conf)
+        log = self.home / "fence" / "nginx.out"
+        proc = self.spawn(nginx_command(nginx, conf), log)
+        wait_for_port(fence_port, timeout, proc, log)
+        self.fence_port = fence_port
+
+        link_port = self.new_port()
+        log = self.home / "operator-link.log"
+        proc = self.spawn(
+            operator_link_command(f"127.0.0.1:{fence_port}", self.tls.ca_cert, operator_cert, operator_key,
+                                  f"127.0.0.1:{link_port}"),
+            log,
+        )
+        wait_for_port(link_port, timeout, proc, log)
+        self.control_port = link_port
+        # Plain on 127.0.0.1 up to the operator link; TLS with the client certificate beyond.
+        self.write_connection(insecure=True, port=link_port)
+        return self
 
     def start_supernode(
         self,
@@ -301,16 +431,33 @@ class LocalSuperLink:
 
         Each SuperNode gets its own Runtime API port (``--port``; the ClientApp processes
         it starts talk to it there), its own ``FLWR_HOME`` (``<home>/<name>``, where Flower
-        unpacks the app) and its log at ``<home>/<name>.log``. TLS follows the SuperLink:
+        unpacks the app) and its log at ``<home>/<name>.log``. It dials the fence when there
+        is one (:meth:`start_fence`), else the SuperLink. TLS follows the SuperLink:
         ``--root-certificates <CA>`` when it serves TLS, ``--insecure`` otherwise.
         ``private_key``: an OpenSSH EC private key for SuperNode authentication.
         """
+        cmd, env = self.supernode_command(
+            name, node_config, private_key=private_key, port=port, max_retries=max_retries, env_extra=env_extra,
+        )
+        return self.spawn(cmd, self.home / f"{name}.log", env=env)
+
+    def supernode_command(
+        self,
+        name: str,
+        node_config: dict[str, Any] | None = None,
+        *,
+        private_key: Path | None = None,
+        port: int = 0,
+        max_retries: int | None = None,
+        env_extra: dict[str, str] | None = None,
+    ) -> tuple[list[str], dict[str, str]]:
+        """The command line and environment :meth:`start_supernode` uses."""
         node_home = self.home / name
         node_home.mkdir(parents=True, exist_ok=True)
         cmd = [
             str(BIN_DIR / "flower-supernode"),
-            "--superlink", self.address,
-            "--host", "127.0.0.1", "--port", str(port or free_port()),
+            "--superlink", self.fleet_address,
+            "--host", "127.0.0.1", "--port", str(port or self.new_port()),
         ]
         if node_config:
             cmd += ["--node-config", node_config_arg(node_config)]
@@ -323,7 +470,8 @@ class LocalSuperLink:
         if max_retries is not None:
             cmd += ["--max-retries", str(max_retries)]
         env = flower_env(node_home, **{**self.env_extra, **(env_extra or {})})
-        return self.spawn(cmd, self.home / f"{name}.log", env=env)
+        env.setdefault(SUPEREXEC_POLL_ENV, SUPEREXEC_POLL_SECONDS)  # unless the caller set it
+        return cmd, env
 
     def register_supernode(self, public_key: Path, name: str | None = None) -> int:
         """``flwr supernode register``: admit the holder of ``public_key``; returns its node id."""
@@ -348,6 +496,7 @@ class LocalSuperLink:
         return list(payload.get("nodes", []))
 
     def stop(self) -> None:
+        self._reaper_stop.set()
         for proc in reversed(self.processes):
             stop_process(proc)
         self.processes.clear()

@@ -198,6 +198,10 @@ def run_experiment(grid: Grid, cfg: RunConfig) -> Path:
             round0 = {"round": 0, **evaluate_global(initial), "seconds": 0.0}
             with results_written():
                 writer.append_round(round0)
+            if evaluation == "federated" and not round0.get("eval_nodes"):
+                log(WARNING, "fedvls: no node evaluated the initial model - none answered with a local test "
+                    "split (node config test-fraction > 0), or their evaluation failed (see the nodes' errors): "
+                    "unless that changes, this run evaluates nothing and every round reports accuracy n/a")
         else:
             initial = to_array_record(saved_arrays)
             log(INFO, "fedvls: resuming after round %d of %d", start_round, cfg.num_server_rounds)

@@ -40,7 +40,7 @@ import yaml
 
 from .config import ConfigError, RunConfig, did_you_mean, parse_run_config
 from .config_args import parse_items
-from .launch import PROJECT_DIR, LocalSuperLink
+from .launch import PROJECT_DIR, LocalSuperLink, PortRangeError, parse_port_range
 from .results import SUMMARY_FILE, atomic_write_json
 
 DEFAULT_FEDERATION = {"num-supernodes": 10, "client-resources-num-cpus": 1}
@@ -276,8 +276,12 @@ def _check_same_settings(run_dir: Path, identity: dict[str, Any]) -> None:
 
 def run_preset(
     preset: Preset, output_dir: Path, *, timeout: float = 3600.0, log=print, report: bool = True,
+    port_range: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
-    """Run every not-yet-finished run of ``preset`` under ``output_dir``; returns a status dict."""
+    """Run every not-yet-finished run of ``preset`` under ``output_dir``; returns a status dict.
+
+    ``port_range``: the SuperLink's port comes from this inclusive range (Ray's own ports do not).
+    """
     output_dir = Path(output_dir).resolve()
     output_dir.mkdir(parents=True, exist_ok=True)
     check_data(preset)
@@ -305,7 +309,7 @@ def run_preset(
             raise PresetError(f"preset {preset.path}: run {run_config['run-name']}: {err}") from None
     log(f"[sweep] {preset.name}: {len(preset.runs)} runs, {len(statuses)} already finished, {len(todo)} to run")
     if todo:
-        with LocalSuperLink(output_dir / ".flwr-home") as link:
+        with LocalSuperLink(output_dir / ".flwr-home", port_range=port_range) as link:
             for i, (run_config, federation, identity) in enumerate(todo, 1):
                 name = run_config["run-name"]
                 t0 = time.perf_counter()
@@ -368,8 +372,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", default=[], metavar="KEY=VALUE",
                         help="run only the preset's runs with this setting (repeatable: all must match)")
     parser.add_argument("--dry-run", action="store_true", help="list the runs and exit")
+    parser.add_argument("--port-range", metavar="LO-HI",
+                        help="take the SuperLink's port from LO-HI (shared hosts, firewalls); "
+                             "Ray picks its own internal ports")
     args = parser.parse_args(argv)
     try:
+        port_range = parse_port_range(args.port_range)
         try:
             seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
         except ValueError:
@@ -385,8 +393,8 @@ def main(argv: list[str] | None = None) -> int:
             print(overrides["run-name"], json.dumps(overrides))
         return 0
     try:
-        result = run_preset(preset, output_dir, timeout=args.timeout)
-    except (PresetError, ConfigError, FileNotFoundError) as err:
+        result = run_preset(preset, output_dir, timeout=args.timeout, port_range=port_range)
+    except (PresetError, ConfigError, FileNotFoundError, PortRangeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except OSError as err:  # e.g. a full disk: the path is in the message; finished runs are kept

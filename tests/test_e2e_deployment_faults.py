@@ -174,3 +174,52 @@ def test_late_supernode_is_used_from_a_later_round(tmp_path):
     assert all(sum(c["class_counts"]) > 0 for c in clients)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["final_round"] == ROUNDS
+
+
+# A parent that starts the SuperNode and never reaps it: after a SIGKILL the SuperNode
+# stays a zombie, as under a supervisor that reaps late.
+NON_REAPING_PARENT = ["-c", "import subprocess, sys, time; subprocess.Popen(sys.argv[1:]); time.sleep(10**6)"]
+
+
+def test_clientapp_ends_when_its_unreaped_supernode_is_killed(tmp_path):
+    """Flower 1.41's SuperExec and flwr-clientapp watch their parent with os.kill(pid, 0),
+    which succeeds for a zombie, so without fedvls_flwr.supernode_guard the ClientApp of a
+    killed, unreaped SuperNode trains on for nobody (a minute here) and then pushes its
+    reply to whatever serves that Runtime API port (a restarted SuperNode rejects its
+    token). With the guard it ends within a second."""
+    import sys
+
+    from tests.processes import cmdline
+
+    link = LocalSuperLink(tmp_path / "flwr", simulation=False, env_extra=node_env(tmp_path))
+    node_home = link.home / "node-0"
+    try:
+        link.start(insecure=True)
+        cmd, env = link.supernode_command("node-0", {"partition-id": 0, "num-partitions": 1})
+        parent = link.spawn([sys.executable, *NON_REAPING_PARENT, *cmd], link.home / "node-0.log", env=env)
+        config = {**run_config(tmp_path / "runs", 1, round_timeout=600.0), "local-epochs": 300}
+        run_id = link.submit(run_config=config)
+        deadline = time.monotonic() + 300
+        while "node data:" not in (link.home / "node-0.log").read_text():  # training starts
+            assert time.monotonic() < deadline, (link.home / "node-0.log").read_text()[-3000:]
+            time.sleep(0.5)
+        clientapps = [p for p in processes_with_home(node_home) if "flwr-clientapp" in cmdline(p)]
+        supernode = next(p for p in descendants(parent.pid) if "flower-supernode" in cmdline(p))
+        assert len(clientapps) == 1
+        os.kill(supernode, signal.SIGKILL)
+        killed = time.monotonic()
+        while clientapps[0] in processes_with_home(node_home) and time.monotonic() - killed < 30:
+            time.sleep(0.1)
+        ended_after = time.monotonic() - killed
+        state = Path(f"/proc/{supernode}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        link.flwr("stop", str(run_id), link.connection)
+    finally:
+        link.stop()
+        for pid in processes_with_home(node_home):  # Flower's SuperExec, also blind to the zombie
+            os.kill(pid, signal.SIGKILL)
+    assert state == "Z"  # the scenario: the SuperNode was dead but not reaped meanwhile
+    assert ended_after < 5.0, f"the ClientApp outlived its killed SuperNode by {ended_after:.1f}s"
+    assert f"the SuperNode (pid {supernode}) that started this ClientApp is gone" in (
+        link.home / "node-0.log").read_text()
+    time.sleep(1.0)
+    assert leftovers(link.started_pids, tmp_path) == []
