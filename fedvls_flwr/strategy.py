@@ -142,6 +142,7 @@ class CheckedFedAvg(FedAvg):
         self._federation_assembled = False  # min-nodes were connected once (see _wait_for_nodes)
         self.partitions: dict[int, int] = {}  # node id -> partition id (queries and replies)
         self.sizes: dict[int, float] = {}  # node id -> its last num-examples (message order)
+        self._destinations: dict[str, int] = {}  # message id -> node id, of the round's messages
 
     # ---- sampling and broadcast -------------------------------------------
     def sample(self, node_ids: list[int], server_round: int) -> list[int]:
@@ -236,7 +237,7 @@ class CheckedFedAvg(FedAvg):
         accepted: list[Reply] = []
         replies = list(replies)
         for msg in replies:
-            node_id = msg.metadata.src_node_id
+            node_id = self._node_of(msg)
             node = str(node_id)
             if not msg.has_error() and protocol.METRICS in msg.content.metric_records:
                 metrics = msg.content[protocol.METRICS]
@@ -257,7 +258,7 @@ class CheckedFedAvg(FedAvg):
             accepted.append(reply)
             self.sizes[node_id] = reply.num_examples
             self.report.clients.append({"node": node, **self._client_info(msg.content)})
-        answered = {m.metadata.src_node_id for m in replies}
+        answered = {self._node_of(m) for m in replies}
         silent = [n for n in self.report.sampled_nodes if n not in answered]
         silent += [None] * max(0, self.report.sampled - len(replies) - len(silent))  # sampled_nodes unknown
         for node_id in silent:
@@ -284,6 +285,11 @@ class CheckedFedAvg(FedAvg):
         self.report.train_metrics = metrics
         self.report.num_examples = float(sum(r.num_examples for r in accepted))
         return to_array_record(arrays), MetricRecord(metrics)
+
+    def _node_of(self, reply: Message) -> int:
+        """The node a reply is about: the destination of the message it answers. (Flower's
+        own error replies, e.g. "node unavailable", come from the SuperLink's node id.)"""
+        return self._destinations.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
 
     def _who(self, node_id: int | None, reason: str | None) -> dict:
         """A failure record: Flower's node id and, where known, the partition id / site."""
@@ -365,8 +371,10 @@ class CheckedFedAvg(FedAvg):
         otherwise it is re-run up to round-retries times, then the run stops."""
         reference = to_numpy_dict(arrays)
         for attempt in range(self.cfg.round_retries + 1):
-            messages = self.configure_train(server_round, arrays, ConfigRecord(), grid)
+            messages = list(self.configure_train(server_round, arrays, ConfigRecord(), grid))
             replies = grid.send_and_receive(messages=messages, timeout=self.cfg.round_timeout)
+            # the Grid gave each message its id when it pushed it
+            self._destinations = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}
             new_arrays, _ = self.aggregate_train(server_round, replies, reference)
             needed = self.min_replies(self.report.sampled)
             if new_arrays is not None and self.report.accepted >= needed:

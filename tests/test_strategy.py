@@ -331,3 +331,29 @@ def test_average_does_not_depend_on_the_order_replies_arrive_in():
     rng = np.random.default_rng(0)
     for _ in range(10):
         assert np.array_equal(first, aggregate([clients[i] for i in rng.permutation(len(clients))]))
+
+
+def test_an_error_reply_from_flower_is_counted_once_for_the_node_it_is_about():
+    """Flower answers for a dead node with an error whose source is the SuperLink (node 1):
+    it must count as that node's failure, not as a second failure besides a missing reply."""
+
+    class FlowerErrorGrid(FakeGrid):
+        def send_and_receive(self, messages, timeout=None):
+            messages = list(messages)
+            for i, m in enumerate(messages):
+                m.metadata.__dict__["_message_id"] = f"id{i}"
+            out = []
+            for m in messages:
+                if m.metadata.dst_node_id == 12:
+                    r = reply(1, error="Node unavailable")
+                    r.metadata.__dict__["_reply_to_message_id"] = m.metadata.message_id
+                    out.append(r)
+                else:
+                    out.append(reply(m.metadata.dst_node_id, arrays(1.0), 10))
+            return out
+
+    reports = []
+    CheckedFedAvg(RunConfig(num_server_rounds=1, min_fit_fraction=0.3)).run(
+        FlowerErrorGrid([11, 12, 13], None), initial(), on_round_end=lambda r, a, rep: reports.append(rep))
+    (failure,) = reports[0].failed
+    assert failure["node"] == "12" and "unavailable" in failure["reason"]
