@@ -42,20 +42,33 @@ from .config import RunConfig
 from .methods import part_params
 from .server_optim import build_server_optimizer
 
-#: Seconds between the simulation Grid's checks for replies (Flower's default: 0.1).
+#: Seconds between two asks for replies: the simulation's in-memory Grid (a lookup in
+#: memory; Flower's default 0.1 s ends every round on the next 0.1 s tick after its last
+#: reply) and a deployment's SuperLink (an HTTP request; Flower's Grid sleeps 3 s).
 SIMULATION_PULL_INTERVAL = 0.01
+DEPLOYMENT_PULL_INTERVAL = 0.2
 
 
-def poll_replies_often(grid: Grid) -> None:
-    """Make the simulation's in-memory Grid look for replies every 10 ms.
+def exchange(grid: Grid, messages: list[Message], timeout: float) -> list[Message]:
+    """Push ``messages`` and collect their replies until all arrived or ``timeout`` passed.
 
-    With Flower's 0.1 s every round ends on the next 0.1 s tick after its last reply;
-    measured on mnist10k (10 clients, 2 actors): a steady round went from 0.94 s to
-    0.80 s (median of 3 runs), with no visible CPU cost. Deployment Grids have no such
-    setting (they ask the SuperLink every 3 s) and are left as they are.
+    Flower's ``Grid.send_and_receive`` does the same, but asks a deployment's SuperLink
+    only every 3 s: measured on 127.0.0.1, the wait from the last reply to the ServerApp
+    seeing it went from 1.2-1.8 s to 0.16-0.20 s per round with 0.2 s. In simulation the
+    10 ms interval took a steady mnist10k round from 0.94 s to 0.80 s (median of 3).
     """
-    if isinstance(getattr(grid, "pull_interval", None), float):
-        grid.pull_interval = min(grid.pull_interval, SIMULATION_PULL_INTERVAL)
+    interval = SIMULATION_PULL_INTERVAL if hasattr(grid, "pull_interval") else DEPLOYMENT_PULL_INTERVAL
+    waiting = set(grid.push_messages(messages))
+    replies: list[Message] = []
+    deadline = time.monotonic() + timeout
+    while waiting:
+        got = list(grid.pull_messages(waiting))
+        replies += got
+        waiting -= {m.metadata.reply_to_message_id for m in got}
+        if not waiting or time.monotonic() >= deadline:
+            break
+        time.sleep(interval)
+    return replies
 
 
 def to_numpy_dict(record: ArrayRecord) -> dict[str, np.ndarray]:
@@ -168,7 +181,7 @@ class CheckedFedAvg(FedAvg):
             return
         record = RecordDict({protocol.CONFIG: self.round_config(0)})
         messages = [Message(content=record, message_type=MessageType.QUERY, dst_node_id=n) for n in unknown]
-        for reply in grid.send_and_receive(messages=messages, timeout=self.cfg.round_timeout):
+        for reply in exchange(grid, messages, self.cfg.round_timeout):
             if not reply.has_error() and protocol.METRICS in reply.content.metric_records:
                 metrics = reply.content[protocol.METRICS]
                 if protocol.PARTITION_ID in metrics:
@@ -335,7 +348,7 @@ class CheckedFedAvg(FedAvg):
             Message(content=record, message_type=MessageType.EVALUATE, dst_node_id=node_id)
             for node_id in sorted(self._wait_for_nodes(grid))
         ]
-        replies = grid.send_and_receive(messages=messages, timeout=self.cfg.round_timeout)
+        replies = exchange(grid, messages, self.cfg.round_timeout)
         return pool_evaluations(
             [dict(m.content[protocol.METRICS]) for m in replies
              if not m.has_error() and protocol.METRICS in m.content.metric_records]
@@ -351,7 +364,6 @@ class CheckedFedAvg(FedAvg):
         start_round: int = 1,
     ) -> ArrayRecord:
         """Rounds ``start_round..num-server-rounds``: train, aggregate, hand to ``on_round_end``."""
-        poll_replies_often(grid)
         arrays = initial_arrays
         for server_round in range(start_round, self.cfg.num_server_rounds + 1):
             t0 = time.perf_counter()
@@ -372,7 +384,7 @@ class CheckedFedAvg(FedAvg):
         reference = to_numpy_dict(arrays)
         for attempt in range(self.cfg.round_retries + 1):
             messages = list(self.configure_train(server_round, arrays, ConfigRecord(), grid))
-            replies = grid.send_and_receive(messages=messages, timeout=self.cfg.round_timeout)
+            replies = exchange(grid, messages, self.cfg.round_timeout)
             # the Grid gave each message its id when it pushed it
             self._destinations = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}
             new_arrays, _ = self.aggregate_train(server_round, replies, reference)

@@ -27,6 +27,7 @@ from fedvls_flwr.protocol import METRICS as METRICS_KEY
 from fedvls_flwr.protocol import NUM_EXAMPLES, SERVER_ROUND, TRAIN_LOSS
 from fedvls_flwr.results import RunFolderError, load_checkpoint, read_rounds
 from fedvls_flwr.server import ResultsWriteError, _resume_point, run_experiment
+from tests.fake_grid import FakeGridBase
 
 ROUNDS = 4
 
@@ -40,17 +41,14 @@ def run_identity():
     TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = old
 
 
-class TrainingGrid:
+class TrainingGrid(FakeGridBase):
     """Every node answers with the broadcast weights moved by a fixed function of (node,
     round): deterministic like the real clients, so a resumed run must match bit for bit."""
 
     def __init__(self, nodes=(11, 12, 13)):
-        self.nodes = list(nodes)
+        super().__init__(nodes)
 
-    def get_node_ids(self):
-        return list(self.nodes)
-
-    def send_and_receive(self, messages, timeout=None):
+    def answer(self, messages):
         replies = []
         for msg in messages:
             node = msg.metadata.dst_node_id

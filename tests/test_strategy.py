@@ -4,7 +4,7 @@ import time
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, Error, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 from flwr.app.metadata import Metadata
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -13,6 +13,7 @@ from fedvls_flwr.protocol import ARRAYS as ARRAYS_KEY
 from fedvls_flwr.protocol import CONFIG as CONFIG_KEY
 from fedvls_flwr.protocol import METRICS as METRICS_KEY
 from fedvls_flwr.strategy import CheckedFedAvg, RoundFailedError, to_numpy_dict
+from tests.fake_grid import FakeGridBase
 
 GLOBAL = {"w": np.zeros((2, 2), np.float32), "b": np.zeros(2, np.float32)}
 
@@ -63,18 +64,15 @@ def test_weighted_average_over_accepted_replies_malformed_and_nan_rejected():
     assert strategy.report.drift_diversity == pytest.approx((1 * 6 + 16 * 6) / (25 * 6))
 
 
-class FakeGrid:
+class FakeGrid(FakeGridBase):
     """Answers train messages with ``respond(node, attempt)``; counts calls."""
 
     def __init__(self, nodes, respond):
-        self.nodes, self.respond, self.calls, self.sent = nodes, respond, 0, []
+        super().__init__(nodes)
+        self.respond, self.calls, self.sent = respond, 0, []
 
-    def get_node_ids(self):
-        return list(self.nodes)
-
-    def send_and_receive(self, messages, timeout=None):
+    def answer(self, messages):
         self.calls += 1
-        messages = list(messages)
         self.sent.append(messages)
         return [r for m in messages if (r := self.respond(m.metadata.dst_node_id, self.calls)) is not None]
 
@@ -123,13 +121,14 @@ def test_too_few_replies_retries_then_stops_with_a_clear_error():
         return good(node, attempt) if attempt >= 2 else None  # first attempt: everybody silent
 
     reports = []
-    cfg = RunConfig(num_server_rounds=1, min_fit_fraction=1.0, round_retries=1)
+    cfg = RunConfig(num_server_rounds=1, min_fit_fraction=1.0, round_retries=1, round_timeout=0.2)
     CheckedFedAvg(cfg).run(FakeGrid([11, 12], respond), initial(), on_round_end=lambda r, a, rep: reports.append(rep))
     assert reports[0].attempts == 2 and reports[0].accepted == 2 and len(reports[0].failed) == 2
 
     never = FakeGrid([11, 12], lambda n, a: None)
     with pytest.raises(RoundFailedError, match="min-fit-fraction"):
-        CheckedFedAvg(RunConfig(num_server_rounds=1, round_retries=2)).run(never, initial(), on_round_end=lambda *a: None)
+        CheckedFedAvg(RunConfig(num_server_rounds=1, round_retries=2, round_timeout=0.2)).run(
+            never, initial(), on_round_end=lambda *a: None)
     assert never.calls == 3
 
 
@@ -210,18 +209,19 @@ def test_client_evaluate_round_uses_the_local_test_split():
     assert no_split["num-examples"] == 0
 
 
-def test_simulation_grid_polls_for_replies_every_10_ms():
-    from fedvls_flwr.strategy import poll_replies_often
+def test_replies_are_collected_often_and_missing_ones_after_the_timeout():
+    from fedvls_flwr import strategy as S
 
-    class InMemoryLike(FakeGrid):
-        pull_interval = 0.1
+    class Grid(FakeGrid):
+        pull_interval = 0.1  # an in-memory (simulation) Grid
 
-    grid = InMemoryLike([11], good)
-    poll_replies_often(grid)
-    assert grid.pull_interval == 0.01
-    plain = FakeGrid([11], good)  # a deployment Grid has no such setting: untouched
-    poll_replies_often(plain)
-    assert not hasattr(plain, "pull_interval")
+    grid = Grid([11, 12], lambda node, attempt: reply(node, arrays(1.0), 10) if node == 11 else None)
+    messages = list(CheckedFedAvg(RunConfig()).configure_train(1, initial(), ConfigRecord(), grid))
+    t0 = time.monotonic()
+    replies = S.exchange(grid, messages, timeout=0.3)
+    assert [r.metadata.src_node_id for r in replies] == [11]  # 12 never answered
+    assert 0.3 <= time.monotonic() - t0 < 1.0
+    assert S.SIMULATION_PULL_INTERVAL < S.DEPLOYMENT_PULL_INTERVAL < 3.0  # Flower's deployment Grid sleeps 3 s
 
 
 def test_aggregated_record_round_trips_0d_integer_buffers_across_rounds():
@@ -256,12 +256,11 @@ class PartitionGrid(FakeGrid):
         super().__init__(list(partition_of), respond)
         self.partition_of = partition_of
 
-    def send_and_receive(self, messages, timeout=None):
-        messages = list(messages)
+    def answer(self, messages):
         if messages and messages[0].metadata.message_type == "query":
             self.sent.append(messages)
             return [query_reply(m.metadata.dst_node_id, self.partition_of[m.metadata.dst_node_id]) for m in messages]
-        return super().send_and_receive(messages, timeout)
+        return super().answer(messages)
 
 
 def query_reply(node, partition):
@@ -291,7 +290,7 @@ def test_partial_participation_samples_the_same_partitions_whatever_the_node_ids
 
 
 def test_failures_name_the_partition_of_the_node():
-    cfg = RunConfig(num_server_rounds=2, min_fit_fraction=0.3)
+    cfg = RunConfig(num_server_rounds=2, min_fit_fraction=0.3, round_timeout=0.2)
 
     def respond(node, attempt):
         if node == 12 and attempt == 2:
@@ -338,10 +337,7 @@ def test_an_error_reply_from_flower_is_counted_once_for_the_node_it_is_about():
     it must count as that node's failure, not as a second failure besides a missing reply."""
 
     class FlowerErrorGrid(FakeGrid):
-        def send_and_receive(self, messages, timeout=None):
-            messages = list(messages)
-            for i, m in enumerate(messages):
-                m.metadata.__dict__["_message_id"] = f"id{i}"
+        def answer(self, messages):
             out = []
             for m in messages:
                 if m.metadata.dst_node_id == 12:
