@@ -59,6 +59,7 @@ PROJECT_DIR = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_DIR))
 
 from bench.reference_loop import DEFAULT_DATA_DIR, RefConfig, cli_args  # noqa: E402
+from fedvls_flwr.config import model_name  # noqa: E402
 from fedvls_flwr.launch import LocalSuperLink  # noqa: E402
 from fedvls_flwr.results import ROUNDS_FILE, SUMMARY_FILE, read_rounds  # noqa: E402
 
@@ -566,29 +567,33 @@ def build_tables(results: dict[str, dict[str, list[dict]]], meta: dict[str, Any]
             f"| {fmt(by_role('ray-other'), 0)} | {fmt(by_role('superlink'), 0)} |")
     add("\n## Where the app's round goes (seconds per steady-state round)\n")
     add("Plain-loop parts from the 1-thread loop. \"Ideal 2-worker round\" = the clients' 1-thread training "
-        "times handed in partition order to 2 workers (the app's 2 actors), plus aggregation and evaluation: "
-        "what the app would take with zero framework cost. Whole-run columns: the plain loop's client "
+        "times handed to 2 workers (the app's 2 actors) in partition order, or largest client first (the order "
+        "the app's server sends its messages in), plus aggregation and evaluation: what the app would take with "
+        "zero framework cost. Whole-run columns: the plain loop's client "
         "training summed over all rounds vs Flower's own ClientApp accounting (`flwr ls`: clientapp-seconds, "
         "every message from the worker thread's hand-off to the actor until the reply is back, round 1's actor "
         "warm-up included).\n")
-    add("| method | client training (sum) | ideal 2-worker round | aggregation | evaluation | app round "
-        "| app - ideal | whole run: plain-loop client training | whole run: app ClientApp time |")
-    add("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    add("| method | client training (sum) | ideal 2-worker round, partition order | ideal, largest first "
+        "| aggregation | evaluation | app round | app - ideal (largest first) "
+        "| whole run: plain-loop client training | whole run: app ClientApp time |")
+    add("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for m in methods:
         runs = results[m].get("plain-1t", [])
         if not runs:
             continue
-        spans = []
+        spans, lpt = [], []
         for r in runs:
-            per_round = [makespan(cs) for cs in r["client_seconds"][1:] or r["client_seconds"]]
-            spans.append(median(per_round) + r["aggregate_s_per_round"] + r["eval_s_per_round"])
-        ideal = median(spans)
+            rounds_ = r["client_seconds"][1:] or r["client_seconds"]
+            extra = r["aggregate_s_per_round"] + r["eval_s_per_round"]
+            spans.append(median([makespan(cs) for cs in rounds_]) + extra)
+            lpt.append(median([makespan(sorted(cs, reverse=True)) for cs in rounds_]) + extra)
+        ideal, ideal_lpt = median(spans), median(lpt)
         a = med[m]["app"]
         ca = a.get("clientapp_s_total")
         plain_train_total = median([sum(sum(cs) for cs in r["client_seconds"]) for r in runs])
-        add(f"| {m} | {fmt(med[m]['plain-1t']['train_s_per_round'])} | {fmt(ideal)} "
+        add(f"| {m} | {fmt(med[m]['plain-1t']['train_s_per_round'])} | {fmt(ideal)} | {fmt(ideal_lpt)} "
             f"| {fmt(med[m]['plain-1t']['aggregate_s_per_round'], 3)} | {fmt(med[m]['plain-1t']['eval_s_per_round'], 3)} "
-            f"| {fmt(a['steady_round_s'])} | {fmt(None if a['steady_round_s'] is None else a['steady_round_s'] - ideal)} "
+            f"| {fmt(a['steady_round_s'])} | {fmt(None if a['steady_round_s'] is None else a['steady_round_s'] - ideal_lpt)} "
             f"| {fmt(plain_train_total, 1)} | {fmt(ca, 1)} |")
     add("\n## Accuracy (same work)\n")
     add("| method | " + " | ".join(VARIANTS) + " |")
@@ -646,6 +651,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="3 rounds x 1 local epoch, 1 repetition (a plumbing check)")
     parser.add_argument("--dataset", default="mnist10k")
     parser.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR), help="default: <project>/../shared/data")
+    parser.add_argument("--model", default="auto", help="the app's model key (auto, mlp, cnn, ...)")
     parser.add_argument("--clients", type=int, default=10)
     parser.add_argument("--local-epochs", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=64)
@@ -675,10 +681,11 @@ def main(argv: list[str] | None = None) -> int:
     base = RefConfig.make(
         dataset=args.dataset, data_dir=str(Path(args.data_dir).expanduser().resolve()), num_clients=args.clients,
         num_server_rounds=args.rounds, local_epochs=args.local_epochs, batch_size=args.batch_size,
-        dirichlet_beta=args.dirichlet_beta, seed=args.seed,
+        dirichlet_beta=args.dirichlet_beta, seed=args.seed, model=args.model,
     )
     meta = {
-        "workload": (f"workload: {args.dataset}, {args.clients} clients, Dirichlet {args.dirichlet_beta}, "
+        "workload": (f"workload: {args.dataset} ({model_name(base.run)}), {args.clients} clients, "
+                     f"Dirichlet {args.dirichlet_beta}, "
                      f"{args.local_epochs} local epochs, batch {args.batch_size}, {args.rounds} rounds, seed {args.seed}, "
                      f"SGD lr {base.lr} momentum {base.momentum} weight decay {base.weight_decay}"),
         "machine": machine_line(),
