@@ -52,7 +52,6 @@ from .check import check_run_config
 from .config_args import parse_run_config_args
 from .fence import FenceError, require_nginx, serve_operator_link, server_block
 from .launch import PROJECT_DIR, LocalSuperLink, RunOutcome, TlsFiles, parse_port_range
-from .node_data import parse_node_config
 
 __all__ = ["make_certificates", "make_supernode_key", "CertificateSet", "run_local", "main"]
 
@@ -655,6 +654,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.node_config and args.test_fraction is not None:
         parser.error("--test-fraction does not apply to raw --node-config strings: put test-fraction=F in each")
     fence = not (args.insecure or args.no_fence)
+    # node_data loads torch (seconds); imported here so that `operator-link`, `certs` and
+    # `fence-config` run on an operator's machine with Flower alone
+    from .node_data import parse_node_config
+
     try:  # a bad value costs nothing: checked before any process starts
         port_range = parse_port_range(args.port_range)
         configs = node_configs(nodes, args.node_data, args.node_dataset, args.classes, args.node_config,

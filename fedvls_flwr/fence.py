@@ -201,12 +201,37 @@ def client_context(ca_cert: Path, cert: Path, key: Path) -> ssl.SSLContext:
     for label, path in (("CA certificate", ca_cert), ("client certificate", cert), ("client key", key)):
         if not Path(path).is_file():
             raise FenceError(f"operator link: {label} {path} not found")
-    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(ca_cert))
+    try:
+        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(ca_cert))
+    except ssl.SSLError as err:
+        raise FenceError(f"operator link: CA certificate {ca_cert} holds no PEM certificate ({err}); "
+                         "pass the ca.pem that signed the SuperLink's certificate") from None
     try:
         ctx.load_cert_chain(str(cert), str(key))
     except ssl.SSLError as err:
         raise FenceError(f"operator link: {cert} and {key} do not form a certificate + key pair ({err})") from None
+    _require_client_auth(Path(cert))
     return ctx
+
+
+def _require_client_auth(cert: Path) -> None:
+    """nginx answers 400 on every path to a certificate whose extended key usage excludes
+    client authentication (a server certificate, say): name that here, not per request."""
+    from cryptography import x509
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    certificate = x509.load_pem_x509_certificate(cert.read_bytes())
+    try:
+        usage = certificate.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except x509.ExtensionNotFound:
+        return  # no restriction: valid for client authentication
+    if ExtendedKeyUsageOID.CLIENT_AUTH not in usage:
+        purposes = ", ".join(getattr(oid, "_name", oid.dotted_string) for oid in usage)
+        raise FenceError(
+            f"operator link: {cert} is not a client certificate (its extended key usage is {purposes}); "
+            "the fence admits only a certificate signed for clientAuth: the operator's "
+            "(`deploy certs --operator NAME`, or docs/deployment.md section 3)"
+        )
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -230,7 +255,14 @@ async def _serve(listen_host: str, listen_port: int, host: str, port: int, ctx: 
             return
         await asyncio.gather(_pipe(local_reader, remote_writer), _pipe(remote_reader, local_writer))
 
-    server = await asyncio.start_server(handle, listen_host, listen_port)
+    try:
+        server = await asyncio.start_server(handle, listen_host, listen_port)
+    except OSError as err:
+        raise FenceError(
+            f"operator link: cannot listen on {listen_host}:{listen_port} ({err.strerror or err}); another "
+            "process holds that port (on the SuperLink host, the fence itself): pass another --listen "
+            "port and use it in the `flwr` connection's address"
+        ) from None
     async with server:
         log(f"[operator-link] listening on {listen_host}:{listen_port}, forwarding to https://{host}:{port} "
             "with the operator certificate", flush=True)

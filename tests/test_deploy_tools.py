@@ -35,6 +35,7 @@ from fedvls_flwr.fence import (
     check_nginx_config,
     check_operator_link,
     client_context,
+    serve_operator_link,
     server_block,
     write_standalone_config,
 )
@@ -282,6 +283,35 @@ def test_operator_link_checks_the_fence_at_start_up(tmp_path):
         client_context(ours.tls.ca_cert, ours.operator_cert, other.operator_key)
     with pytest.raises(FenceError, match="not found"):
         client_context(ours.tls.ca_cert, tmp_path / "missing.pem", ours.operator_key)
+
+
+def test_operator_link_names_a_bad_ca_a_server_certificate_and_a_taken_port(tmp_path):
+    ours = make_certificates(tmp_path / "ours", ["127.0.0.1"])
+    not_a_cert = tmp_path / "ca.pem"
+    not_a_cert.write_text("this is not a certificate\n")
+    with pytest.raises(FenceError, match="holds no PEM certificate"):
+        client_context(not_a_cert, ours.operator_cert, ours.operator_key)
+    # the SuperLink's own certificate: nginx would answer 400 to every request it makes
+    with pytest.raises(FenceError, match="not a client certificate.*serverAuth"):
+        client_context(ours.tls.ca_cert, ours.tls.server_cert, ours.tls.server_key)
+    port, done = _tls_server(ours.tls.server_cert, ours.tls.server_key)
+    try:
+        with closing(socket.socket()) as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            listen = f"127.0.0.1:{taken.getsockname()[1]}"
+            with pytest.raises(FenceError, match="cannot listen on .*another --listen port"):
+                serve_operator_link(f"127.0.0.1:{port}", ours.tls.ca_cert, ours.operator_cert,
+                                    ours.operator_key, listen, log=lambda *a, **k: None)
+    finally:
+        done.set()
+
+
+def test_the_operators_tools_do_not_load_torch():
+    """The operator's machine needs Flower and a checkout, not PyTorch (docs/deployment.md)."""
+    code = "import sys, fedvls_flwr.deploy; print(sorted(m for m in ('torch', 'torchvision') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 # ---------------------------------------------------------------------------
