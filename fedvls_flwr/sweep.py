@@ -38,7 +38,7 @@ from typing import Any
 
 import yaml
 
-from .config import ConfigError, RunConfig, did_you_mean, parse_run_config
+from .config import DEFAULT_MODELS, ConfigError, RunConfig, did_you_mean, model_name, parse_run_config
 from .config_args import parse_items
 from .launch import PROJECT_DIR, LocalSuperLink, PortRangeError, parse_port_range
 from .results import SUMMARY_FILE, atomic_write_json
@@ -82,6 +82,10 @@ def run_name(overrides: dict[str, Any], varying: tuple[str, ...] = ()) -> str:
     skew = {"dirichlet": f"dir{cfg.dirichlet_beta:g}", "shards": f"shards{cfg.shards_per_client}",
             "noniid-labeldir": f"labeldir{cfg.shards_per_client}", "iid": "iid"}
     parts = [cfg.dataset, cfg.method, "natural" if cfg.dataset == "synthetic" else skew[cfg.partition]]
+    if "model" not in varying and (model := model_name(cfg)) != DEFAULT_MODELS[cfg.dataset]:
+        # a preset that fixes a non-default model (fmnist-cnn) must not share folder names
+        # with the default model's preset (table1-fmnist) in the same output directory
+        parts.append(f"model{model}")
     for key in varying:
         if key in NAME_KEYS or key in FEDERATION_KEYS or key not in run:
             continue

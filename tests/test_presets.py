@@ -168,3 +168,15 @@ def test_sweep_reuses_identical_finished_runs_and_refuses_a_folder_with_other_se
     (out / name / "summary.json").write_text(json.dumps({"status": "completed", "config": {**config, "lr": 0.5}}))
     with pytest.raises(PresetError, match="other settings than planned for it \\(lr\\)"):
         sweep.run_preset(sweep.load_preset(preset_path), out, report=False)
+
+
+def test_a_preset_with_a_non_default_model_gets_its_own_folder_names():
+    """conf/fmnist-cnn.yaml and conf/table1-fmnist.yaml share an output directory in the
+    README; without the model in the name the CNN runs would land in the MLP runs' folders."""
+    cnn = {r["run-name"] for r in load_preset(CONF / "fmnist-cnn.yaml").runs}
+    mlp = {r["run-name"] for r in load_preset(CONF / "table1-fmnist.yaml").runs}
+    assert "fmnist-fedvls-dir0.05-modelcnn-s0" in cnn and "fmnist-fedvls-dir0.05-s0" in mlp
+    assert not cnn & mlp
+    # a model that varies within a preset is named once, by the grid
+    backbones = [r["run-name"] for r in load_preset(CONF / "table3-backbones.yaml").runs]
+    assert all(name.count("model") == 1 for name in backbones)
