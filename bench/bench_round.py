@@ -65,7 +65,7 @@ from fedvls_flwr.config.run_config import model_name  # noqa: E402
 
 REFERENCE = PROJECT_DIR / "bench" / "reference_loop.py"
 VARIANTS = ("plain-1t", "plain-2t", "dataloader-1t", "app")
-# Not run by default: the app while `flwr ls` is polled every second, as
+# Not run by default: the app while `flwr list` is polled every second, as
 # fedvls_flwr.app.launch.LocalSuperLink.wait does (the sweep and the tests wait that way).
 EXTRA_VARIANTS = ("app-polled",)
 
@@ -230,7 +230,7 @@ def app_overrides(cfg: RefConfig, out_dir: Path, name: str) -> dict[str, Any]:
 
 
 def ls_run(link: LocalSuperLink, run_id: int) -> dict[str, Any]:
-    res = link.flwr("ls", "--run-id", str(run_id), "--format", "json")
+    res = link.flwr("list", "--run-id", str(run_id), "--format", "json")
     try:
         runs = json.loads(res.stdout).get("runs", [])
     except ValueError:
@@ -251,7 +251,7 @@ def run_app(
     poll_flwr_ls: float = 0.0,
 ) -> dict[str, Any]:
     """One ``flwr run`` of the app, timed from the outside. Progress is read from the run
-    folder (a stat every 50 ms); ``flwr ls`` (a ~1 CPU-second CLI start) is asked only every
+    folder (a stat every 50 ms); ``flwr list`` (a ~1 CPU-second CLI start) is asked only every
     15 s, unless ``poll_flwr_ls`` > 0 asks it that often (to measure what such polling costs)."""
     run_dir = out_dir / name
     rounds_path, summary_path = run_dir / ROUNDS_FILE, run_dir / SUMMARY_FILE
@@ -267,7 +267,7 @@ def run_app(
     cli_s = time.time() - t_submit
     seen: dict[int, float] = {}  # number of lines in rounds.jsonl -> when that version was written
     last_mtime = None
-    next_status = time.time() + 15.0  # `flwr ls` costs ~1 CPU-second: ask rarely
+    next_status = time.time() + 15.0  # `flwr list` costs ~1 CPU-second: ask rarely
     poller_stop = threading.Event()
     if poll_flwr_ls > 0:  # a second waiter that polls like LocalSuperLink.wait (own thread)
         def poll() -> None:
@@ -535,8 +535,8 @@ def build_tables(results: dict[str, dict[str, list[dict]]], meta: dict[str, Any]
             cells = [fmt(ratio(med[m][v]["steady_round_s"], med["fedavg"][v]["steady_round_s"]), 2, "x") for v in VARIANTS]
             add(f"| {m} / fedavg | " + " | ".join(cells) + " |")
     if any(results[m].get("app-polled") for m in methods):
-        add("\n## The app while `flwr ls` is polled every second (as `LocalSuperLink.wait` does)\n")
-        add("| method | app s/round | app s/round, `flwr ls` every 1 s | ratio |")
+        add("\n## The app while `flwr list` is polled every second (as `LocalSuperLink.wait` does)\n")
+        add("| method | app s/round | app s/round, `flwr list` every 1 s | ratio |")
         add("| --- | --- | --- | --- |")
         for m in methods:
             a, p = med[m]["app"]["steady_round_s"], med[m]["app-polled"]["steady_round_s"]
@@ -570,7 +570,7 @@ def build_tables(results: dict[str, dict[str, list[dict]]], meta: dict[str, Any]
         "times handed to 2 workers (the app's 2 actors) in partition order, or largest client first (the order "
         "the app's server sends its messages in), plus aggregation and evaluation: what the app would take with "
         "zero framework cost. Whole-run columns: the plain loop's client "
-        "training summed over all rounds vs Flower's own ClientApp accounting (`flwr ls`: clientapp-seconds, "
+        "training summed over all rounds vs Flower's own ClientApp accounting (`flwr list`: clientapp-seconds, "
         "every message from the worker thread's hand-off to the actor until the reply is back, round 1's actor "
         "warm-up included).\n")
     add("| method | client training (sum) | ideal 2-worker round, partition order | ideal, largest first "
@@ -659,7 +659,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help=f"comma-separated, from {','.join(VARIANTS + EXTRA_VARIANTS)} (app-polled: the app "
-                             "while `flwr ls` is polled every second, as LocalSuperLink.wait does)")
+                             "while `flwr list` is polled every second, as LocalSuperLink.wait does)")
     parser.add_argument("--output-dir", help="where bench.json / bench.md go (default: a new temporary folder)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per app run")
     parser.add_argument("--no-memory", action="store_true", help="do not sample the app's process tree")

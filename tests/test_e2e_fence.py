@@ -4,7 +4,7 @@ SuperNodes, TLS and SuperNode authentication).
 Flower 1.41's Control API has no authentication: anyone who reaches the SuperLink's port
 with the (public) CA certificate can register nodes, list runs and start runs. Behind the
 fence, a SuperNode host's credentials (the CA certificate and its own SuperNode key) get
-none of that - `flwr supernode register`, `flwr ls` and `flwr run` all fail and leave no
+none of that - `flwr supernode register`, `flwr list` and `flwr run` all fail and leave no
 trace in the SuperLink - while the operator, through the operator link with its client
 certificate, registers the real nodes and runs a whole multi-round run, its SuperNodes
 connecting through the fence. The second test is the launcher's default path with
@@ -70,9 +70,9 @@ def test_site_credentials_cannot_use_the_control_api_the_operator_can(tmp_path, 
         # A SuperNode host: the CA certificate (public) and its own SuperNode key.
         attempts = {
             "register": site_flwr(site, "supernode", "register", str(certs.supernode_keys["rogue"][1]), "lab"),
-            "ls": site_flwr(site, "ls", "lab"),
-            "ls --format json": site_flwr(site, "ls", "lab", "--format", "json"),
-            "supernode ls": site_flwr(site, "supernode", "ls", "lab"),
+            "list": site_flwr(site, "list", "lab"),
+            "list --format json": site_flwr(site, "list", "lab", "--format", "json"),
+            "supernode list": site_flwr(site, "supernode", "list", "lab"),
             "run": site_flwr(site, "run", str(Path(__file__).resolve().parents[1]), "lab"),
         }
         for what, res in attempts.items():
@@ -104,7 +104,7 @@ def test_site_credentials_cannot_use_the_control_api_the_operator_can(tmp_path, 
                                  private_key=certs.supernode_keys[name][0])
         outcome = link.run_streaming(run_config=run_config(tmp_path / "runs", 2), timeout=900, echo=False)
         nodes = {int(n["node-id"]) for n in link.supernodes()}
-        runs = json.loads(link.flwr("ls", "--format", "json").stdout)["runs"]
+        runs = json.loads(link.flwr("list", "--format", "json").stdout)["runs"]
     finally:
         link.stop()
     assert outcome.completed, f"run ended {outcome.status}\n{outcome.log[-4000:]}"

@@ -3,7 +3,7 @@
 `flwr run` with the default `local` connection starts a detached SuperLink that outlives
 the command and keeps the environment it was started with. Tests, sweeps and benchmarks
 instead start their own SuperLink in a private ``FLWR_HOME`` on free ports, submit runs to
-it, read the run's final status with ``flwr ls`` (``flwr run`` exits 0 even when the run
+it, read the run's final status with ``flwr list`` (``flwr run`` exits 0 even when the run
 failed) and stop every process they started, whole process groups included.
 
 Deployment mode (no ``--simulation``): :meth:`LocalSuperLink.start_supernode` starts real
@@ -262,12 +262,12 @@ class LocalSuperLink:
             ) from None
 
     def supernodes(self) -> list[dict[str, Any]]:
-        """``flwr supernode ls`` as a list of dicts (node id, status, ...)."""
-        res = self.flwr("supernode", "ls", self.connection, "--format", "json")
+        """``flwr supernode list`` as a list of dicts (node id, status, ...)."""
+        res = self.flwr("supernode", "list", self.connection, "--format", "json")
         try:
             payload = last_json(res.stdout)
         except ValueError:
-            raise RuntimeError(f"flwr supernode ls failed (exit {res.returncode}):\n{res.stdout}\n{res.stderr}") from None
+            raise RuntimeError(f"flwr supernode list failed (exit {res.returncode}):\n{res.stdout}\n{res.stderr}") from None
         return list(payload.get("nodes", []))
 
     def stop(self) -> None:
@@ -314,7 +314,7 @@ class LocalSuperLink:
     ) -> RunOutcome:
         """``flwr run <app> <connection> --stream``: blocks while the run streams its logs
         (to ``log`` and, with ``echo``, to this process's stdout), then reads the run's final
-        status with ``flwr ls`` (``flwr run`` exits 0 even when the run failed)."""
+        status with ``flwr list`` (``flwr run`` exits 0 even when the run failed)."""
         args = [str(BIN_DIR / "flwr"), "run", str(app_dir), self.connection, "--stream"]
         if run_config:
             args += ["--run-config", run_config if isinstance(run_config, str) else run_config_arg(run_config)]
@@ -352,7 +352,7 @@ class LocalSuperLink:
         return outcome
 
     def status(self, run_id: int) -> str:
-        res = self.flwr("ls", "--run-id", str(run_id), "--format", "json")
+        res = self.flwr("list", "--run-id", str(run_id), "--format", "json")
         payload = json.loads(res.stdout)
         runs = payload.get("runs", [])
         return runs[0]["status"] if runs else "unknown"

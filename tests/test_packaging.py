@@ -1,0 +1,54 @@
+"""What a user installs: the wheel holds every module of the package, pyproject declares
+ranges (a GPU host keeps its own torch) while the lock pins the tested stack, and the app's
+metadata passes Flower's own fab-format-version 1 rules."""
+
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+
+ROOT = Path(__file__).resolve().parents[1]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def test_the_wheel_holds_every_module_of_the_package(tmp_path):
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(ROOT)],
+        check=True, capture_output=True, cwd=tmp_path,
+    )
+    (wheel,) = tmp_path.glob("fedvls_flwr-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    sources = {str(p.relative_to(ROOT)) for p in (ROOT / "fedvls_flwr").rglob("*.py")} | {"server_app.py", "client_app.py"}
+    assert sources <= names, f"missing from the wheel: {sorted(sources - names)}"
+
+
+def _requirements() -> dict[str, Requirement]:
+    return {(r := Requirement(text)).name: r for text in PYPROJECT["project"]["dependencies"]}
+
+
+def test_project_declares_ranges_and_the_lock_pins_versions_inside_them():
+    reqs = _requirements()
+    for name in ("torch", "torchvision", "flwr"):
+        assert not any(s.operator == "==" for s in reqs[name].specifier), f"{name}: a range, not a pin"
+    python = SpecifierSet(PYPROJECT["project"]["requires-python"])
+    assert all(python.contains(v) for v in ("3.11", "3.12", "3.13")), python
+    pins = dict(
+        line.split("==", 1) for line in (ROOT / "constraints-py311.txt").read_text().splitlines()
+        if "==" in line and not line.startswith("#")
+    )
+    for name, req in reqs.items():
+        key = next((k for k in pins if k.lower().replace("_", "-") == name.lower()), None)
+        assert key is not None, f"{name} is not pinned in constraints-py311.txt"
+        assert req.specifier.contains(pins[key], prereleases=True), f"{name}=={pins[key]} outside {req.specifier}"
+
+
+def test_app_metadata_passes_flowers_fab_format_rules():
+    from flwr.supercore.fab_format_version import normalize_and_validate_fab_format
+
+    meta = normalize_and_validate_fab_format(PYPROJECT)
+    assert meta.fab_format_version == 1
+    assert (ROOT / PYPROJECT["project"]["license"]["file"]).is_file()
