@@ -102,14 +102,15 @@ def test_check_rejects_what_used_to_pass(run_config, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_cuda_on_a_machine_without_it_fails_unless_meant_for_another_machine(capsys, tmp_path):
+@pytest.mark.parametrize("key", ["device", "server-device"])
+def test_cuda_on_a_machine_without_it_fails_unless_meant_for_another_machine(key, capsys, tmp_path):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    cfg = f"device='cuda' output-dir='{tmp_path}'"
+    cfg = f"{key}='cuda' output-dir='{tmp_path}'"
     assert main(["--run-config", cfg, "--no-data"]) == 2
     err = capsys.readouterr().err
-    assert "'device' = 'cuda' but this machine has no CUDA device" in err and "--for-other-machine" in err
+    assert f"'{key}' = 'cuda' but this machine has no CUDA device" in err and "--for-other-machine" in err
     assert main(["--run-config", cfg, "--no-data", "--for-other-machine"]) == 0
 
 

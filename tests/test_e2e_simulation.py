@@ -15,7 +15,7 @@ def test_flwr_run_simulation_completes_and_writes_results(tmp_path):
     run_config = {
         "dataset": "digits",
         "method": "fedvls",
-        "num-server-rounds": 2,
+        "num-server-rounds": 3,
         "local-epochs": 1,
         "dirichlet-beta": 0.5,
         "output-dir": str(out),
@@ -31,17 +31,34 @@ def test_flwr_run_simulation_completes_and_writes_results(tmp_path):
 
     run_dir = out / "e2e"
     rounds = read_rounds(run_dir)
-    assert [r["round"] for r in rounds] == [0, 1, 2]
+    assert [r["round"] for r in rounds] == [0, 1, 2, 3]
     for r in rounds[1:]:
         assert 0.0 <= r["accuracy"] <= 1.0 and len(r["per_class_accuracy"]) == 10
         assert r["clients_accepted"] == 3 and r["clients_failed"] == 0
         assert {"train-loss", "train-cal", "train-dis", "train-logit"} <= set(r["train"])
+        # every reply names its device; no client asked Ray for a GPU, so none has one
+        assert sum(r["devices"].values()) == 3 and all(d.startswith("cpu") for d in r["devices"]), r["devices"]
+        assert r["peak_gpu_mb"] is None
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["config"]["method"] == "fedvls"
-    assert summary["final_round"] == 2
+    assert summary["final_round"] == 3
     assert summary["best_accuracy"] == max(r["accuracy"] for r in rounds[1:])
     assert (run_dir / "model_final.npz").stat().st_size > 0
-    assert "round 2/2: accuracy" in outcome.log
+    assert "round 3/3: accuracy" in outcome.log and "clients 3/3 on cpu" in outcome.log
+
+
+def test_device_cuda_for_clients_without_a_gpu_stops_before_round_1(tmp_path):
+    """device='cuda' where the clients see no CUDA (this machine has none; on a GPU host Ray
+    hides it from clients that ask for no GPU): the server asks every node first and stops
+    with the fix, instead of every client failing in round 1."""
+    cfg = {"dataset": "digits", "device": "cuda", "num-server-rounds": 3, "local-epochs": 1,
+           "output-dir": str(tmp_path / "runs"), "run-name": "cuda"}
+    with LocalSuperLink(tmp_path / "flwr-home") as link:
+        outcome = link.wait(link.submit(run_config=cfg, federation_config={"num-supernodes": 2}), timeout=300)
+    assert outcome.status == "finished:failed", outcome.status
+    assert "device = 'cuda' but 2 of 2 clients see no CUDA device" in outcome.log, outcome.log[-3000:]
+    assert "round 1/3" not in outcome.log and "Fix:" in outcome.log
+    assert not (tmp_path / "runs" / "cuda" / "rounds.jsonl").exists()
 
 
 def test_synthetic_benchmark_runs_with_one_client_per_node(tmp_path):

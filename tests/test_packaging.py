@@ -2,6 +2,7 @@
 ranges (a GPU host keeps its own torch) while the lock pins the tested stack, and the app's
 metadata passes Flower's own fab-format-version 1 rules."""
 
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -16,8 +17,14 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
 def test_the_wheel_holds_every_module_of_the_package(tmp_path):
+    # built from a copy: setuptools leaves build/ behind in the source tree, and a stale
+    # build/lib there would end up in the next wheel
+    src = tmp_path / "src"
+    top_level = {".venv", ".git", "build", "outputs", "data", ".mypy_cache", ".pytest_cache"}
+    shutil.copytree(ROOT, src, ignore=lambda d, names: [
+        n for n in names if (Path(d) == ROOT and n in top_level) or n == "__pycache__" or n.endswith(".egg-info")])
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(src)],
         check=True, capture_output=True, cwd=tmp_path,
     )
     (wheel,) = tmp_path.glob("fedvls_flwr-*.whl")

@@ -300,17 +300,22 @@ def evaluate(
     batch_size: int = 1024,
     mean: tuple[float, ...] | None = None,
     std: tuple[float, ...] | None = None,
+    amp: bool = False,
 ) -> EvalResult:
-    """Top-1 accuracy, mean cross-entropy and per-class accuracy (NaN for absent classes)."""
+    """Top-1 accuracy, mean cross-entropy and per-class accuracy (NaN for absent classes);
+    ``amp``: the forward passes under bfloat16 autocast on CUDA (the loss in float32)."""
     model.to(device).eval()
     transform = make_batch_transform(mean, std, train=False, augment=False)
     correct = torch.zeros(num_classes, device=device)
     total = torch.zeros(num_classes, device=device)
     loss_sum = torch.zeros((), device=device, dtype=torch.float64)
+    autocast = autocast_context(device, amp)
     for start in range(0, x.shape[0], batch_size):
         xb = transform(x[start : start + batch_size].to(device, non_blocking=True))
         yb = y[start : start + batch_size].to(device, non_blocking=True)
-        logits = model(xb).float()
+        with autocast:
+            logits = model(xb)
+        logits = logits.float()
         loss_sum += nn.functional.cross_entropy(logits, yb, reduction="sum").double()
         hit = (logits.argmax(dim=1) == yb).float()
         correct.index_add_(0, yb, hit)

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
+from fedvls_flwr.algorithms.device import describe_device, peak_gpu_memory, set_deterministic
 from fedvls_flwr.algorithms.run_model import build_run_model
 from fedvls_flwr.algorithms.training import ClientState, evaluate, resolve_device, train_local
 from fedvls_flwr.app import protocol
@@ -62,6 +63,7 @@ def train_round(content: RecordDict, node_config: dict[str, Any], client_state: 
     server_round = integer(config.get(protocol.SERVER_ROUND, 0))
     if cfg.torch_threads > 0:
         torch.set_num_threads(cfg.torch_threads)
+    set_deterministic(cfg.deterministic)
     device = resolve_device(cfg.device)
 
     t_data = time.perf_counter()
@@ -75,7 +77,8 @@ def train_round(content: RecordDict, node_config: dict[str, Any], client_state: 
     seed = int(np.random.SeedSequence([cfg.seed, server_round, partition_id]).generate_state(1)[0])
     generator = torch.Generator().manual_seed(seed)
     state = load_client_state(client_state)
-    result = train_local(model, data, cfg, device=device, generator=generator, state=state)
+    with peak_gpu_memory(device) as peak_mb:
+        result = train_local(model, data, cfg, device=device, generator=generator, state=state)
     if client_state is not None:
         save_client_state(client_state, state)
     metrics: dict[str, MetricValue] = {
@@ -85,12 +88,16 @@ def train_round(content: RecordDict, node_config: dict[str, Any], client_state: 
         protocol.PARTITION_ID: partition_id,
         protocol.CLASS_COUNTS: result.class_counts,
         **{protocol.TRAIN_TERM_PREFIX + name: value for name, value in result.terms.items()},
+        **({protocol.PEAK_GPU_MB: peak_mb[0]} if peak_mb else {}),
     }
     if cfg.local_eval:
         # The paper's local-update view: this client's updated model on the test set.
         metrics[protocol.LOCAL_PER_CLASS_ACCURACY] = local_test_per_class(cfg, model, device)
     weights = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    return RecordDict({protocol.ARRAYS: ArrayRecord(weights), protocol.METRICS: MetricRecord(metrics)})
+    return RecordDict({
+        protocol.ARRAYS: ArrayRecord(weights), protocol.METRICS: MetricRecord(metrics),
+        protocol.CLIENT_INFO: ConfigRecord({protocol.DEVICE: describe_device(device)}),
+    })
 
 
 def evaluate_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDict:
@@ -102,6 +109,7 @@ def evaluate_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDi
     cfg = parse_run_config(dict(config_in(content, protocol.CONFIG)), strict=False)
     if cfg.torch_threads > 0:
         torch.set_num_threads(cfg.torch_threads)
+    set_deterministic(cfg.deterministic)
     data = node_client_data(cfg, node_config)
     metrics: dict[str, MetricValue] = {protocol.NUM_EXAMPLES: 0, protocol.PARTITION_ID: data.partition_id}
     if data.test_x is not None and data.test_y is not None and data.test_y.numel() > 0:
@@ -110,7 +118,7 @@ def evaluate_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDi
         model.load_state_dict(arrays_in(content, protocol.ARRAYS).to_torch_state_dict(), strict=True)
         res = evaluate(
             model, data.test_x, data.test_y, data.num_classes, device=device,
-            batch_size=cfg.eval_batch_size, mean=data.mean, std=data.std,
+            batch_size=cfg.eval_batch_size, mean=data.mean, std=data.std, amp=cfg.amp,
         )
         total = torch.bincount(data.test_y, minlength=data.num_classes)
         correct = [0 if n == 0 else round(a * n) for a, n in zip(res.per_class_accuracy, total.tolist())]
@@ -125,8 +133,13 @@ def evaluate_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDi
 
 def query_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDict:
     """Which partition / site this node is (from its node config; no data is loaded), so
-    the server can sample by partition id."""
-    return RecordDict({protocol.METRICS: MetricRecord({protocol.PARTITION_ID: node_identity(node_config)})})
+    the server can sample by partition id, and which device it would train on, so the
+    server can tell before round 1 that a GPU would go unused."""
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    return RecordDict({
+        protocol.METRICS: MetricRecord({protocol.PARTITION_ID: node_identity(node_config)}),
+        protocol.CLIENT_INFO: ConfigRecord({protocol.DEVICE: describe_device(device)}),
+    })
 
 
 def node_identity(node_config: dict[str, Any]) -> int:

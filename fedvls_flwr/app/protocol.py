@@ -31,8 +31,15 @@ LOSS_SUM = "loss-sum"
 CORRECT_PER_CLASS = "correct-per-class"
 TOTAL_PER_CLASS = "total-per-class"
 
-#: Reply metrics that describe the client rather than measure its training; they are not averaged.
-IDENTITY_METRICS = (PARTITION_ID,)
+PEAK_GPU_MB = "peak-gpu-mb"  # torch.cuda.max_memory_allocated of the round, MiB (CUDA clients only)
+
+# a training or query reply's ConfigRecord CLIENT_INFO: what the client is, in words
+CLIENT_INFO = "client-info"
+DEVICE = "device"  # algorithms.device.describe_device: "cuda:0 (NVIDIA ...)", "cpu", ...
+
+#: Reply metrics that are not averaged over the clients: identity, and the peak GPU memory
+#: (the round reports the largest, the figure to size client-resources-num-gpus by).
+NOT_AVERAGED = (PARTITION_ID, PEAK_GPU_MB)
 
 # a client's Context.state between rounds (methods that keep state; optimizer-state = carry)
 STATE_PREVIOUS_MODEL = "fedvls-previous-model"  # ArrayRecord: the model after the last local training

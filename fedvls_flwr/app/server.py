@@ -11,6 +11,7 @@ file, the last round that is safe and how to continue.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from logging import INFO, WARNING
@@ -22,11 +23,12 @@ from flwr.app import ArrayRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from fedvls_flwr.algorithms.device import gpu_left_unused, set_deterministic
 from fedvls_flwr.algorithms.diagnostics import local_update_view
 from fedvls_flwr.algorithms.run_model import build_run_model
 from fedvls_flwr.algorithms.training import evaluate, resolve_device
 from fedvls_flwr.app.events import ROUND_END, emit
-from fedvls_flwr.app.messages import to_array_record, to_numpy_dict
+from fedvls_flwr.app.messages import is_simulation, to_array_record, to_numpy_dict
 from fedvls_flwr.app.results import (
     CONFIG_FILE,
     RESUMABLE_CHANGES,
@@ -115,7 +117,8 @@ class ServerRun:
         else:  # federated evaluation: the model's shape comes from the dataset's format
             fmt = image_format(cfg.dataset)
             self.input_shape, self.num_classes = tuple(fmt.shape), fmt.num_classes
-        self.device = resolve_device("cpu" if cfg.device == "cpu" else "auto")
+        set_deterministic(cfg.deterministic)
+        self.device = server_device(cfg)
         torch.manual_seed(cfg.seed)
         self.model = build_run_model(cfg, self.input_shape, self.num_classes)
         with self.results_written():
@@ -155,7 +158,7 @@ class ServerRun:
         self.model.load_state_dict(arrays.to_torch_state_dict())
         res = evaluate(
             self.model, self.bundle.test_x, self.bundle.test_y, self.bundle.num_classes, device=self.device,
-            batch_size=self.cfg.eval_batch_size, mean=self.bundle.mean, std=self.bundle.std,
+            batch_size=self.cfg.eval_batch_size, mean=self.bundle.mean, std=self.bundle.std, amp=self.cfg.amp,
         )
         return {
             "accuracy": res.accuracy, "loss": res.loss, "per_class_accuracy": res.per_class_accuracy,
@@ -180,6 +183,8 @@ class ServerRun:
             "attempts": report.attempts,
             "failures": report.failed + report.rejected,
             "seconds": report.seconds + (time.perf_counter() - t_eval),
+            "devices": dict(Counter(c["device"] for c in report.clients if "device" in c)),
+            "peak_gpu_mb": max((c["peak_gpu_mb"] for c in report.clients if "peak_gpu_mb" in c), default=None),
         }
         previous_global = self.writer.rounds[-1]["per_class_accuracy"] if self.writer.rounds else None
         local = [
@@ -211,10 +216,10 @@ class ServerRun:
         record = self.round_record(server_round, metrics, report, t_eval)
         self.save_round(server_round, record, arrays, report)
         log(
-            INFO, "round %d/%d: accuracy %s  loss %s  train-loss %s  clients %d/%d  %.2fs",
+            INFO, "round %d/%d: accuracy %s  loss %s  train-loss %s  clients %d/%d on %s  %.2fs",
             server_round, self.cfg.num_server_rounds, _fmt(metrics["accuracy"]), _fmt(metrics["loss"]),
             f"{report.train_metrics.get('train-loss', float('nan')):.4f}",
-            report.accepted, report.sampled, record["seconds"],
+            report.accepted, report.sampled, _devices_text(record), record["seconds"],
         )
         emit(ROUND_END, round=server_round, accuracy=metrics["accuracy"], seconds=record["seconds"])
 
@@ -233,8 +238,23 @@ class ServerRun:
                 "unless that changes, this run evaluates nothing and every round reports accuracy n/a")
         return initial
 
+    def check_client_devices(self) -> None:
+        """Before round 1, when a GPU is wanted (``device = "cuda"``, or ``"auto"`` and this
+        process sees one): ask every node which device it would train on, and stop (cuda) or
+        warn (auto) when some would not - Ray gives a simulated client no GPU unless the
+        federation asks for one. CPU runs send no extra message."""
+        if self.cfg.device == "cpu" or (self.cfg.device == "auto" and not torch.cuda.is_available()):
+            return
+        devices = self.strategy.client_devices(self.grid)
+        problem = gpu_left_unused(self.cfg.device, torch.cuda.is_available(), devices, is_simulation(self.grid))
+        if problem is not None and problem.error:
+            raise ConfigError(problem.message)
+        if problem is not None:
+            log(WARNING, "%s", problem.message)
+
     def run(self) -> Path:
         try:
+            self.check_client_devices()
             final = self.strategy.run(
                 self.grid, self.initial_arrays(), on_round_end=self.on_round_end, start_round=self.start_round + 1
             )
@@ -272,6 +292,23 @@ class ServerRun:
 
 def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4f}"
+
+
+def _devices_text(record: dict) -> str:
+    """``cpu``, ``cuda:0 (NVIDIA H100) x4, peak GPU 812 MiB``: where the round's clients trained."""
+    devices: dict[str, int] = record.get("devices") or {}
+    text = ", ".join(d if len(devices) == 1 and n == 1 else f"{d} x{n}" for d, n in devices.items()) or "?"
+    return text + ("" if record.get("peak_gpu_mb") is None else f", peak GPU {record['peak_gpu_mb']:.0f} MiB")
+
+
+def server_device(cfg: RunConfig) -> torch.device:
+    """Where the ServerApp evaluates (``server-device``; ``auto`` follows ``device = "cpu"``)."""
+    if cfg.server_device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("run config 'server-device' = 'cuda' but torch sees no CUDA device in the ServerApp's "
+                          "process; use server-device='auto' or 'cpu'")
+    if cfg.server_device == "cpu" or (cfg.server_device == "auto" and cfg.device == "cpu"):
+        return torch.device("cpu")
+    return resolve_device("auto")
 
 
 def server_test_set(cfg: RunConfig) -> DatasetBundle | None:

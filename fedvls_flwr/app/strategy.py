@@ -135,22 +135,39 @@ class CheckedFedAvg(FedAvg):
         rng = random.Random(self.cfg.seed * 1_000_003 + server_round)
         return sorted(rng.sample(ordered, k))
 
+    def query_nodes(self, grid: Grid, node_ids: list[int]) -> dict[int, str]:
+        """Ask ``node_ids`` who they are (one query message each; the ClientApp answers from
+        its node config and torch, without loading data): records their partition ids and
+        returns node id -> the device each would train on."""
+        record = RecordDict({protocol.CONFIG: self.round_config(0)})
+        messages = [Message(content=record, message_type=MessageType.QUERY, dst_node_id=n) for n in node_ids]
+        devices: dict[int, str] = {}
+        for reply in exchange(grid, messages, self.cfg.round_timeout):
+            if reply.has_error():
+                continue
+            node_id = reply.metadata.src_node_id
+            if protocol.METRICS in reply.content.metric_records:
+                metrics = metrics_in(reply.content, protocol.METRICS)
+                if protocol.PARTITION_ID in metrics:
+                    self.partitions[node_id] = integer(metrics[protocol.PARTITION_ID])
+            if protocol.CLIENT_INFO in reply.content.config_records:
+                devices[node_id] = str(reply.content.config_records[protocol.CLIENT_INFO].get(protocol.DEVICE, "?"))
+        return devices
+
     def learn_partitions(self, grid: Grid, node_ids: list[int]) -> None:
-        """Ask the nodes whose partition id is not known yet (one query message each; the
-        ClientApp answers from its node config without loading data)."""
+        """Query the nodes whose partition id is not known yet."""
         unknown = [n for n in node_ids if n not in self.partitions]
         if not unknown:
             return
-        record = RecordDict({protocol.CONFIG: self.round_config(0)})
-        messages = [Message(content=record, message_type=MessageType.QUERY, dst_node_id=n) for n in unknown]
-        for reply in exchange(grid, messages, self.cfg.round_timeout):
-            if not reply.has_error() and protocol.METRICS in reply.content.metric_records:
-                metrics = metrics_in(reply.content, protocol.METRICS)
-                if protocol.PARTITION_ID in metrics:
-                    self.partitions[reply.metadata.src_node_id] = integer(metrics[protocol.PARTITION_ID])
+        self.query_nodes(grid, unknown)
         missing = [n for n in unknown if n not in self.partitions]
         if missing:
             log(WARNING, "%d node(s) did not say their partition id; they are sampled after the others", len(missing))
+
+    def client_devices(self, grid: Grid) -> dict[str, str]:
+        """Before the first round: the device every connected node would train on, by node name."""
+        devices = self.query_nodes(grid, self._wait_for_nodes(grid))
+        return {self._name(n): d for n, d in sorted(devices.items())}
 
     def round_config(self, server_round: int) -> ConfigRecord:
         return ConfigRecord({**self.cfg.to_flower(), protocol.SERVER_ROUND: server_round})
@@ -287,6 +304,10 @@ class CheckedFedAvg(FedAvg):
             info["class_counts"] = [int(c) for c in numbers(metrics[protocol.CLASS_COUNTS])]
         if protocol.LOCAL_PER_CLASS_ACCURACY in metrics:
             info["local_per_class_accuracy"] = numbers(metrics[protocol.LOCAL_PER_CLASS_ACCURACY])
+        if protocol.PEAK_GPU_MB in metrics:
+            info["peak_gpu_mb"] = number(metrics[protocol.PEAK_GPU_MB])
+        if protocol.CLIENT_INFO in content.config_records:
+            info["device"] = str(content.config_records[protocol.CLIENT_INFO].get(protocol.DEVICE, "?"))
         return info
 
     @staticmethod
@@ -301,7 +322,7 @@ class CheckedFedAvg(FedAvg):
             num_examples = number(metrics.pop(protocol.NUM_EXAMPLES))
         except TypeError as err:
             return None, f"reply metric '{protocol.NUM_EXAMPLES}': {err}"
-        for name in protocol.IDENTITY_METRICS:  # identity, not a quantity to average
+        for name in protocol.NOT_AVERAGED:
             metrics.pop(name, None)
         scalars = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
         return Reply(node, to_numpy_dict(arrays_in(content, protocol.ARRAYS)), num_examples, scalars), None

@@ -69,10 +69,14 @@ class RunConfigFields:
     optimizer_state: str = "fresh"
     #: CIFAR-style training augmentation (RGB datasets only)
     augment: bool = True
-    #: bfloat16 mixed precision on CUDA
+    #: bfloat16 mixed precision on CUDA (training, and the server's evaluation)
     amp: bool = False
-    #: auto (CUDA when present), cpu or cuda
+    #: where clients train: auto (CUDA when present), cpu or cuda
     device: str = "auto"
+    #: where the server evaluates: auto (CUDA when present, cpu when device = cpu), cpu or cuda
+    server_device: str = "auto"
+    #: bit-for-bit reproducible GPU runs (slower; see docs/performance.md)
+    deterministic: bool = False
     #: torch threads per client process
     torch_threads: int = 1
     #: evaluation batch size

@@ -74,10 +74,17 @@ GROUPS: tuple[tuple[str, tuple[Setting, ...]], ...] = (
         # tinyimagenet); the MNIST-like sets are stored normalised and never augmented.
         Setting("augment", True, "CIFAR-style training augmentation (RGB datasets only)"),
         # bfloat16 autocast on CUDA; accepted and ignored on a CPU (so one preset serves both).
-        Setting("amp", False, "bfloat16 mixed precision on CUDA"),
+        Setting("amp", False, "bfloat16 mixed precision on CUDA (training, and the server's evaluation)"),
     )),
     ("Hardware and evaluation", (
-        Setting("device", "auto", "auto (CUDA when present), cpu or cuda", choices=("auto", "cpu", "cuda")),
+        Setting("device", "auto", "where clients train: auto (CUDA when present), cpu or cuda",
+                choices=("auto", "cpu", "cuda")),
+        # The ServerApp's own evaluation of the global model; in simulation it runs outside
+        # Ray's GPU accounting (client-resources-num-gpus covers the clients only).
+        Setting("server-device", "auto", "where the server evaluates: auto (CUDA when present, cpu when device = "
+                "cpu), cpu or cuda", choices=("auto", "cpu", "cuda")),
+        # Deterministic cuDNN/cuBLAS kernels and no TF32 (no effect on a CPU run, which is).
+        Setting("deterministic", False, "bit-for-bit reproducible GPU runs (slower; see docs/performance.md)"),
         Setting("torch-threads", 1, "torch threads per client process", **at_least(0, "0 keeps torch's default")),
         Setting("eval-batch-size", 1024, "evaluation batch size", **at_least(1)),
         # "server": the run dataset's test split on the server; "federated": each node's local

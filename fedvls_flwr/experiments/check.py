@@ -76,15 +76,16 @@ def check_output_dir(cfg: RunConfig) -> None:
 
 
 def check_cuda(cfg: RunConfig) -> None:
-    if cfg.device == "cuda":
-        import torch
+    for key, value in (("device", cfg.device), ("server-device", cfg.server_device)):
+        if value == "cuda":
+            import torch
 
-        if not torch.cuda.is_available():
-            raise ConfigError(
-                "run config 'device' = 'cuda' but this machine has no CUDA device: use device='auto' "
-                "(CUDA where present) or 'cpu'; if the config is meant for other machines (GPU "
-                "SuperNodes), check it with --for-other-machine"
-            )
+            if not torch.cuda.is_available():
+                raise ConfigError(
+                    f"run config '{key}' = 'cuda' but this machine has no CUDA device: use {key}='auto' "
+                    "(CUDA where present) or 'cpu'; if the config is meant for other machines (GPU "
+                    "SuperNodes), check it with --for-other-machine"
+                )
 
 
 def check_run_config(

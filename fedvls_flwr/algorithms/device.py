@@ -1,0 +1,107 @@
+"""Which device a process computes on, said out loud: what it is called, how much GPU memory
+a round took at its peak, and bit-for-bit reproducible CUDA when asked for.
+
+A GPU can go unused without a word: Ray hides every GPU from a simulated client that asked
+for none (it sets ``CUDA_VISIBLE_DEVICES=""``), so ``device = "auto"`` quietly trains on the
+CPU. Every reply therefore names its device (:func:`describe_device`), and the server
+compares them with its own before round 1 (:func:`gpu_left_unused`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+#: cuBLAS needs a fixed workspace to be deterministic (NVIDIA's cuBLAS docs, "Results reproducibility").
+CUBLAS_WORKSPACE = ":4096:8"
+
+
+def describe_device(device: torch.device) -> str:
+    """``cuda:0 (NVIDIA H100 80GB HBM3)``, or ``cpu`` with why CUDA is not used when torch
+    was built with it: ``cpu (CUDA_VISIBLE_DEVICES='')`` is Ray's sign of a client that was
+    given no GPU."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if torch.version.cuda is not None and visible is not None and not visible.strip():
+        return "cpu (CUDA_VISIBLE_DEVICES='')"
+    return "cpu"
+
+
+def sees_cuda(description: str) -> bool:
+    return description.startswith("cuda")
+
+
+@contextlib.contextmanager
+def peak_gpu_memory(device: torch.device) -> Iterator[list[float]]:
+    """Yields a one-element list that holds, on exit, the peak GPU memory (MiB) allocated by
+    tensors during the block (``torch.cuda.max_memory_allocated``), or stays empty on a CPU."""
+    out: list[float] = []
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    try:
+        yield out
+    finally:
+        if device.type == "cuda":
+            out.append(torch.cuda.max_memory_allocated(device) / 2**20)
+
+
+def set_deterministic(enabled: bool) -> None:
+    """``deterministic = true``: deterministic CUDA kernels (PyTorch's deterministic mode: an op
+    with no deterministic kernel raises, naming itself), no cuDNN autotuning and no TF32, so a
+    GPU run reproduces bit for bit. Off: PyTorch's defaults are left alone. A CPU run here is
+    deterministic either way."""
+    if not enabled:
+        return
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    # full float32 in matmuls and convolutions (cuDNN's default for convolutions is TF32)
+    torch.backends.cuda.matmul.fp32_precision = "ieee"
+    torch.backends.cudnn.conv.fp32_precision = "ieee"  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class DeviceProblem:
+    """What :func:`gpu_left_unused` found: an error (the run cannot work as configured) or a warning."""
+
+    error: bool
+    message: str
+
+
+def gpu_left_unused(
+    requested: str, server_sees_cuda: bool, client_devices: dict[str, str], simulation: bool
+) -> DeviceProblem | None:
+    """Before round 1: clients that will not train on a GPU although one is wanted.
+
+    ``client_devices``: node name -> what :func:`describe_device` said there. ``device =
+    "cuda"`` with a client that sees none is an error (it would fail in round 1); ``"auto"``
+    with clients on the CPU while the server process sees a GPU is a warning - the GPU is
+    there, the federation gave the clients none.
+    """
+    on_cpu = sorted(name for name, d in client_devices.items() if not sees_cuda(d))
+    if requested == "cpu" or not on_cpu or (requested == "auto" and not server_sees_cuda):
+        return None
+    if simulation:
+        fix = ("give each simulated client a share of the GPU: flwr run . --federation-config "
+               "\"num-supernodes=N client-resources-num-cpus=1 client-resources-num-gpus=0.25\" "
+               "(Ray hides the GPU from clients that ask for none)")
+        if not server_sees_cuda:
+            fix = "this machine has no CUDA device that torch can use; use device='auto' or 'cpu'"
+    else:
+        fix = ("make a GPU visible to the ClientApp on those nodes: set CUDA_VISIBLE_DEVICES (or leave it unset) "
+               "in the environment of flower-supernode (subprocess isolation) or of flwr-superexec (process "
+               "isolation) - the ClientApp inherits that process's environment")
+    what = f"{len(on_cpu)} of {len(client_devices)} clients see no CUDA device ({', '.join(on_cpu[:4])}"
+    what += ", ..." if len(on_cpu) > 4 else ""
+    what += f": {client_devices[on_cpu[0]]})"
+    if requested == "cuda":
+        return DeviceProblem(True, f"device = 'cuda' but {what}; every such client would fail in round 1. Fix: {fix}")
+    return DeviceProblem(False, f"device = 'auto' and the server sees a GPU, but {what}: they train on the CPU. "
+                                f"Fix: {fix}")

@@ -1,0 +1,150 @@
+"""The GPU path that can be checked without a GPU: what a client says about its device, the
+server's verdict before round 1, the query that asks the nodes, and determinism settings."""
+
+import time
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app.metadata import Metadata
+
+from fedvls_flwr.algorithms.device import describe_device, gpu_left_unused, peak_gpu_memory, set_deterministic
+from fedvls_flwr.app import protocol
+from fedvls_flwr.app.client import query_round
+from fedvls_flwr.app.strategy import CheckedFedAvg
+from fedvls_flwr.config.run_config import RunConfig
+from tests.fake_grid import FakeGridBase
+from tests.test_strategy import run_identity  # noqa: F401 - Flower's message ids need a run identity
+
+H100 = "cuda:0 (NVIDIA H100 80GB HBM3)"
+RAY_CPU = "cpu (CUDA_VISIBLE_DEVICES='')"
+
+
+@pytest.mark.parametrize(
+    ("requested", "server_cuda", "clients", "simulation", "verdict", "words"),
+    [
+        ("auto", True, {"a": H100, "b": H100}, True, None, ""),
+        ("auto", False, {"a": "cpu", "b": "cpu"}, True, None, ""),  # a CPU machine: nothing to say
+        ("cpu", True, {"a": RAY_CPU}, True, None, ""),
+        ("auto", True, {"a": RAY_CPU, "b": RAY_CPU}, True, "warning", "client-resources-num-gpus=0.25"),
+        ("auto", True, {"a": H100, "b": RAY_CPU}, True, "warning", "1 of 2 clients"),
+        ("cuda", True, {"a": RAY_CPU}, True, "error", "client-resources-num-gpus=0.25"),
+        ("cuda", False, {"a": "cpu"}, True, "error", "this machine has no CUDA device"),
+        ("cuda", False, {"a": "cpu", "b": H100}, False, "error", "CUDA_VISIBLE_DEVICES"),
+        ("auto", True, {"a": "cpu"}, False, "warning", "flwr-superexec"),
+    ],
+)
+def test_gpu_left_unused_verdicts(requested, server_cuda, clients, simulation, verdict, words):
+    problem = gpu_left_unused(requested, server_cuda, clients, simulation)
+    if verdict is None:
+        assert problem is None
+        return
+    assert problem is not None and problem.error == (verdict == "error")
+    assert words in problem.message and "Fix:" in problem.message
+
+
+def test_a_cpu_client_says_why_it_sees_no_cuda(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    expected = RAY_CPU if torch.version.cuda is not None else "cpu"  # a CPU-only torch build has no GPU to hide
+    assert describe_device(torch.device("cpu")) == expected
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert describe_device(torch.device("cpu")) == "cpu"
+
+
+def test_peak_gpu_memory_is_empty_on_a_cpu():
+    with peak_gpu_memory(torch.device("cpu")) as peak:
+        torch.ones(1000).sum()
+    assert peak == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_peak_gpu_memory_counts_a_rounds_allocations_on_cuda():
+    device = torch.device("cuda")
+    with peak_gpu_memory(device) as peak:
+        x = torch.empty(64 * 2**20, dtype=torch.uint8, device=device)
+        del x
+    assert peak[0] >= 64
+
+
+def test_query_reply_names_the_device_and_the_partition():
+    reply = query_round(RecordDict(), {"partition-id": 3, "num-partitions": 4})
+    assert reply[protocol.METRICS][protocol.PARTITION_ID] == 3
+    device = reply.config_records[protocol.CLIENT_INFO][protocol.DEVICE]
+    assert device.startswith("cuda") == torch.cuda.is_available()
+
+
+class QueryGrid(FakeGridBase):
+    def __init__(self, devices):
+        super().__init__(devices)
+        self.devices, self.types = devices, []
+
+    def answer(self, messages):
+        self.types += [m.metadata.message_type for m in messages]
+        out = []
+        for m in messages:
+            node = m.metadata.dst_node_id
+            meta = Metadata(run_id=1, message_id=f"r{node}", src_node_id=node, dst_node_id=0,
+                            reply_to_message_id=m.metadata.message_id, group_id="0", created_at=time.time(),
+                            ttl=60.0, message_type=m.metadata.message_type)
+            content = RecordDict({protocol.METRICS: MetricRecord({protocol.PARTITION_ID: node - 10}),
+                                  protocol.CLIENT_INFO: ConfigRecord({protocol.DEVICE: self.devices[node]})})
+            out.append(Message(content, metadata=meta))
+        return out
+
+
+def test_the_strategy_asks_every_node_its_device_once_before_round_1():
+    grid = QueryGrid({10: H100, 11: RAY_CPU})
+    strategy = CheckedFedAvg(RunConfig(min_nodes=2))
+    devices = strategy.client_devices(grid)
+    assert devices == {"node 10 (partition 0)": H100, "node 11 (partition 1)": RAY_CPU}
+    assert grid.types == ["query", "query"]
+    assert strategy.partitions == {10: 0, 11: 1}  # learnt on the way: no second query later
+    problem = gpu_left_unused("auto", True, devices, simulation=True)
+    assert problem is not None and "node 11 (partition 1)" in problem.message
+
+
+def test_deterministic_false_leaves_torch_alone_and_true_sets_deterministic_kernels(monkeypatch):
+    before = torch.are_deterministic_algorithms_enabled()
+    set_deterministic(False)
+    assert torch.are_deterministic_algorithms_enabled() == before
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    try:
+        set_deterministic(True)
+        assert torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.deterministic
+        assert torch.backends.cuda.matmul.fp32_precision == "ieee"
+        import os
+
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    finally:
+        torch.use_deterministic_algorithms(before)
+        torch.backends.cudnn.deterministic = False
+        torch.backends.cuda.matmul.fp32_precision = "none"
+        torch.backends.cudnn.conv.fp32_precision = "tf32"
+
+
+@pytest.mark.parametrize(("method", "local_optimizer"), [("fedvls", "sgd"), ("moon", "sgd"), ("fedntd", "sam")])
+def test_deterministic_training_on_the_cpu_is_unchanged(method, local_optimizer):
+    """deterministic = true must not break a CPU run (PyTorch raises for an op without a
+    deterministic kernel), and on a CPU it changes no number."""
+    from fedvls_flwr.algorithms.run_model import build_run_model
+    from fedvls_flwr.algorithms.training import train_local
+    from fedvls_flwr.data.node_data import ClientData
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(40, 1, 8, 8, generator=g), torch.randint(0, 4, (40,), generator=g)
+    results = []
+    for deterministic in (False, True):
+        cfg = RunConfig(method=method, local_optimizer=local_optimizer, model="mlp", local_epochs=2, batch_size=16,
+                        deterministic=deterministic)
+        torch.manual_seed(0)
+        model = build_run_model(cfg, (1, 8, 8), 4)
+        before = torch.are_deterministic_algorithms_enabled()
+        try:
+            set_deterministic(deterministic)
+            train_local(model, ClientData(x, y, 4, None, None), cfg, device=torch.device("cpu"),
+                        generator=torch.Generator().manual_seed(1))
+        finally:
+            torch.use_deterministic_algorithms(before)
+        results.append(np.concatenate([p.detach().numpy().ravel() for p in model.parameters()]))
+    np.testing.assert_array_equal(results[0], results[1])
