@@ -5,6 +5,7 @@
     fedvls report RUNS_DIR                 tables and plots from finished run folders
     fedvls deploy certs|local|...          certificates, the fence, a one-machine deployment
     fedvls config                          [tool.flwr.app.config] as pyproject.toml must hold it
+    fedvls wheelhouse -o DIR               every wheel an offline (GPU) host needs, but its torch
 
 ``python -m fedvls_flwr COMMAND`` is the same. Each command's module is imported only when
 it runs, so ``fedvls report`` loads neither torch nor Flower.
@@ -22,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("fedvls_flwr.experiments.report", "tables and plots from run folders"),
     "deploy": ("fedvls_flwr.deploy.cli", "certificates, fence and a one-machine deployment"),
     "config": ("fedvls_flwr.config.generate", "print or regenerate what derives from the setting declarations"),
+    "wheelhouse": ("fedvls_flwr.deploy.wheelhouse", "download the wheels an offline host needs (all but its torch)"),
 }
 
 

@@ -2,9 +2,6 @@
 ranges (a GPU host keeps its own torch) while the lock pins the tested stack, and the app's
 metadata passes Flower's own fab-format-version 1 rules."""
 
-import shutil
-import subprocess
-import sys
 import tomllib
 import zipfile
 from pathlib import Path
@@ -12,25 +9,29 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
+from fedvls_flwr.deploy import wheelhouse
+from fedvls_flwr.deploy.wheelhouse import build_project_wheel
+
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
 def test_the_wheel_holds_every_module_of_the_package(tmp_path):
-    # built from a copy: setuptools leaves build/ behind in the source tree, and a stale
-    # build/lib there would end up in the next wheel
-    src = tmp_path / "src"
-    top_level = {".venv", ".git", "build", "outputs", "data", ".mypy_cache", ".pytest_cache"}
-    shutil.copytree(ROOT, src, ignore=lambda d, names: [
-        n for n in names if (Path(d) == ROOT and n in top_level) or n == "__pycache__" or n.endswith(".egg-info")])
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(src)],
-        check=True, capture_output=True, cwd=tmp_path,
-    )
-    (wheel,) = tmp_path.glob("fedvls_flwr-*.whl")
+    wheel = build_project_wheel(tmp_path, "--no-build-isolation")
     names = set(zipfile.ZipFile(wheel).namelist())
     sources = {str(p.relative_to(ROOT)) for p in (ROOT / "fedvls_flwr").rglob("*.py")} | {"server_app.py", "client_app.py"}
     assert sources <= names, f"missing from the wheel: {sorted(sources - names)}"
+
+
+def test_the_wheelhouse_leaves_out_the_hosts_torch_and_pins_the_tested_versions(tmp_path):
+    reqs = [Requirement(r).name for r in wheelhouse.requirements()]
+    assert "torch" not in reqs and "torchvision" not in reqs and "flwr" in reqs
+    lock = wheelhouse.lock_without_host_packages(ROOT / "constraints-py311.txt", tmp_path).read_text()
+    assert "flwr==1.41.0" in lock and "torch==" not in lock and "nvidia-" not in lock.lower()
+    (cmd,) = wheelhouse.download_commands(tmp_path, "3.12", ["manylinux_2_28_x86_64"], tmp_path / "c.txt", None)
+    assert cmd[cmd.index("--python-version") + 1] == "3.12" and "--only-binary=:all:" in cmd
+    with_tv = wheelhouse.download_commands(tmp_path, "3.12", ["manylinux_2_28_x86_64"], None, "0.26.0")
+    assert with_tv[-1][-2:] == ["--no-deps", "torchvision==0.26.0"]
 
 
 def _requirements() -> dict[str, Requirement]:
