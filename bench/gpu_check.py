@@ -1,19 +1,25 @@
-"""The GPU path end to end, in real `flwr run` simulations, with a short summary.
+"""The GPU path end to end, in real Flower runs, with one summary.
 
     python bench/gpu_check.py            # on a machine with CUDA (bench/gpu_check.sh runs it)
     python bench/gpu_check.py --cpu      # the same plumbing on the CPU, small, to check the script
 
-Two workloads on generated data read through the project's real loaders (no download):
+On generated data read through the project's real loaders (no download):
 
 * MobileNetV2 on CIFAR-10-format data (5 x 1,000 training images, augmentation on), 4
-  clients, FedAvg and FedVLS, ``--rounds`` rounds each;
+  simulated clients, FedAvg and FedVLS, ``--rounds`` rounds each;
 * the FedLC paper's CNN on Fashion-MNIST-format IDX files (12,000 training images), 4
-  clients, FedAvg and FedVLS.
+  simulated clients, FedAvg and FedVLS, and the same work in the plain PyTorch loop
+  (``bench/reference_loop.py``) on the same GPU: the FedVLS / FedAvg round ratio of the app
+  next to the plain loop's (the plain loop covers the pre-normalised datasets only, so
+  MobileNetV2 on CIFAR has no plain-loop figure);
+* a real deployment: SuperLink and 2 SuperNodes on 127.0.0.1 (``fedvls deploy local``),
+  2 rounds of the CNN with ``device = "cuda"``.
 
-Each client asks Ray for a quarter of the GPU (``client-resources-num-gpus = 0.25``), so
-four train at once on one GPU. For every run it prints the steady seconds per round
-(median of rounds 2..R), training images per second across the clients and the
-FedVLS / FedAvg round ratio, and checks that every reply of every round was accepted.
+Each simulated client asks Ray for a quarter of the GPU (``client-resources-num-gpus =
+0.25``), so four train at once on one GPU. Every run must have every reply accepted and
+every client on CUDA (the device each reply names); the summary gives the steady seconds
+per round (median of rounds 2..R), training images per second, the largest peak GPU memory
+a client reported, and the ratios.
 """
 
 from __future__ import annotations
@@ -22,9 +28,9 @@ import argparse
 import json
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -35,17 +41,46 @@ from tests.test_e2e_cifar import MD5_ENV, SITECUSTOMIZE, write_tiny_cifar10  # n
 from tests.test_fmnist import write_fmnist  # noqa: E402
 
 
-def run_workload(link, name, run_config, federation, out, timeout) -> dict:
-    t0 = time.perf_counter()
-    outcome = link.wait(link.submit(run_config=run_config, federation_config=federation), timeout=timeout)
-    wall = time.perf_counter() - t0
-    if not outcome.completed:
-        return {"name": name, "status": outcome.status, "log": outcome.log[-2000:]}
-    rounds = read_rounds(out / run_config["run-name"])[1:]
+def summarize_rounds(name: str, status: str, rounds: list[dict], want_cuda: bool) -> dict:
+    """The figures of one run's rounds.jsonl (round 0 excluded)."""
     accepted = all(r["clients_accepted"] == r["clients_sampled"] and not r["failures"] for r in rounds)
+    devices = sorted({d for r in rounds for d in r.get("devices", {})})
+    on_cuda = bool(devices) and all(d.startswith("cuda") for d in devices)
     steady = statistics.median(r["seconds"] for r in rounds[1:]) if len(rounds) > 1 else rounds[0]["seconds"]
-    return {"name": name, "status": outcome.status, "steady_round_s": steady, "first_round_s": rounds[0]["seconds"],
-            "wall_s": wall, "accuracy": rounds[-1]["accuracy"], "all_replies_accepted": accepted}
+    peaks = [r["peak_gpu_mb"] for r in rounds if r.get("peak_gpu_mb") is not None]
+    return {"name": name, "status": status, "steady_round_s": steady, "first_round_s": rounds[0]["seconds"],
+            "accuracy": rounds[-1]["accuracy"], "all_replies_accepted": accepted, "devices": devices,
+            "ok": accepted and (on_cuda or not want_cuda), "peak_gpu_mb": max(peaks, default=None)}
+
+
+def run_workload(link, name, run_config, federation, out, timeout, want_cuda) -> dict:
+    outcome = link.wait(link.submit(run_config=run_config, federation_config=federation), timeout=timeout)
+    if not outcome.completed:
+        return {"name": name, "status": outcome.status, "ok": False, "log": outcome.log[-2000:]}
+    return summarize_rounds(name, outcome.status, read_rounds(out / run_config["run-name"])[1:], want_cuda)
+
+
+def plain_loop(settings: dict, rounds: int) -> float:
+    """Steady seconds per round of the plain PyTorch loop doing the same work in one process."""
+    from bench.reference_loop import RefConfig, run
+
+    res = run(RefConfig.make(num_clients=4, threads=0, **{**settings, "num-server-rounds": rounds}))
+    return statistics.median(r["seconds"] for r in res["rounds"][2:]) if rounds > 1 else res["rounds"][1]["seconds"]
+
+
+def deployment_round(run_config: dict, work: Path, timeout: float, want_cuda: bool) -> dict:
+    """``fedvls deploy local``: a SuperLink and 2 SuperNodes on 127.0.0.1, plain TCP (the
+    fence and TLS are checked by the test suite), 2 rounds."""
+    cmd = [sys.executable, "-m", "fedvls_flwr", "deploy", "local", "--nodes", "2", "--insecure", "--no-fence",
+           "--workdir", str(work / "deploy"), "--timeout", str(timeout),
+           "--run-config", " ".join(f"{k}={json.dumps(v)}" for k, v in run_config.items())]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 120)
+    run_dir = Path(run_config["output-dir"]) / run_config["run-name"]
+    if proc.returncode != 0 or not (run_dir / "rounds.jsonl").exists():
+        return {"name": "deployment, 2 SuperNodes", "status": f"exit {proc.returncode}", "ok": False,
+                "log": (proc.stdout + proc.stderr)[-2000:]}
+    return summarize_rounds("deployment, 2 SuperNodes, cnn / fmnist-format, fedvls", "finished:completed",
+                            read_rounds(run_dir)[1:], want_cuda)
 
 
 def main() -> int:
@@ -54,12 +89,14 @@ def main() -> int:
     ap.add_argument("--cpu", action="store_true", help="no GPU: small sizes, to check the script itself")
     ap.add_argument("--timeout", type=float, default=1800.0)
     ap.add_argument("--keep", action="store_true", help="keep the generated data and run folders")
+    ap.add_argument("--skip-deployment", action="store_true")
     args = ap.parse_args()
     import torch
 
     if not args.cpu and not torch.cuda.is_available():
         print("no CUDA device visible to torch: nothing to check on a GPU (use --cpu to check the script)")
         return 2
+    want_cuda = not args.cpu
     work = Path(tempfile.mkdtemp(prefix="fedvls-gpu-check-"))
     data, out = work / "data", work / "runs"
     per_batch = 50 if args.cpu else 1000
@@ -85,27 +122,44 @@ def main() -> int:
             for method in ("fedavg", "fedvls"):
                 name = f"{settings['model']}-{method}"
                 res = run_workload(link, f"{label}, {method}", {**base, **settings, "method": method, "run-name": name},
-                                   federation, out, args.timeout)
+                                   federation, out, args.timeout, want_cuda)
                 res["images_per_s"] = images / res["steady_round_s"] if "steady_round_s" in res else None
                 results.append(res)
                 print(json.dumps(res), flush=True)
+    plain = {}
+    cnn = {k: v for k, v in base.items() if k not in ("output-dir", "min-nodes")} | {"dataset": "fmnist", "model": "cnn"}
+    for method in ("fedavg", "fedvls"):
+        plain[method] = plain_loop({**cnn, "method": method, "amp": False}, args.rounds)
+        print(json.dumps({"plain loop, cnn / fmnist-format": method, "steady_round_s": plain[method]}), flush=True)
+    if not args.skip_deployment:
+        deployed = deployment_round({**cnn, "method": "fedvls", "num-server-rounds": 2, "min-nodes": 2,
+                                     "output-dir": str(out), "run-name": "deployment"}, work, args.timeout, want_cuda)
+        results.append(deployed)
+        print(json.dumps(deployed), flush=True)
+
     device = "CPU (--cpu)" if args.cpu else torch.cuda.get_device_name(0)
-    print(f"\nGPU check on {device}: {args.rounds} rounds, 4 clients, 1 local epoch\n")
-    print("| workload | status | steady s/round | training img/s | all replies accepted | FedVLS / FedAvg |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print(f"\nGPU check on {device}: {args.rounds} rounds, 4 simulated clients at "
+          f"{federation['client-resources-num-gpus']} GPU each, 1 local epoch\n")
+    print("| workload | status | steady s/round | training img/s | peak GPU MiB (a client) | clients on | ok | FedVLS / FedAvg |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for i, res in enumerate(results):
         ratio = ""
-        if i % 2 == 1 and "steady_round_s" in res and "steady_round_s" in results[i - 1]:
+        if i in (1, 3) and "steady_round_s" in res and "steady_round_s" in results[i - 1]:
             ratio = f"{res['steady_round_s'] / results[i - 1]['steady_round_s']:.2f}x"
         if "steady_round_s" in res:
-            print(f"| {res['name']} | {res['status']} | {res['steady_round_s']:.2f} | {res['images_per_s']:,.0f} "
-                  f"| {res['all_replies_accepted']} | {ratio} |")
+            peak = "-" if res.get("peak_gpu_mb") is None else f"{res['peak_gpu_mb']:,.0f}"
+            img = "-" if res.get("images_per_s") is None else f"{res['images_per_s']:,.0f}"
+            print(f"| {res['name']} | {res['status']} | {res['steady_round_s']:.2f} | {img} | {peak} "
+                  f"| {', '.join(res['devices'])} | {res['ok']} | {ratio} |")
         else:
-            print(f"| {res['name']} | {res['status']} | - | - | - | |")
+            print(f"| {res['name']} | {res['status']} | - | - | - | - | False | |")
+    print(f"| plain PyTorch loop, cnn / fmnist-format, same device | - | FedAvg {plain['fedavg']:.2f}, "
+          f"FedVLS {plain['fedvls']:.2f} | - | - | {device} | - | {plain['fedvls'] / plain['fedavg']:.2f}x |")
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
-    ok = all(r.get("all_replies_accepted") for r in results)
-    return 0 if ok else 1
+    else:
+        print(f"\nkept: {work}")
+    return 0 if all(r.get("ok") for r in results) else 1
 
 
 if __name__ == "__main__":

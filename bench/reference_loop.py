@@ -169,7 +169,7 @@ def train_client(model, x, y, num_classes: int, cfg: RefConfig, generator: torch
                 step(batch[0], batch[1], batch[2] if len(batch) == 3 else None)
     else:
         for _ in range(cfg.local_epochs):
-            order = torch.randperm(n, generator=generator)
+            order = torch.randperm(n, generator=generator).to(x.device)
             for start in range(0, n, cfg.batch_size):
                 idx = order[start : start + cfg.batch_size]
                 step(x[idx], y[idx], None if teacher_rows is None else teacher_rows[idx])
@@ -181,7 +181,7 @@ def weighted_average(states: list[dict[str, torch.Tensor]], weights: list[float]
     total = float(sum(weights))
     out = {}
     for key, ref in states[0].items():
-        acc = torch.zeros(ref.shape, dtype=torch.float64)
+        acc = torch.zeros(ref.shape, dtype=torch.float64, device=ref.device)
         for state, w in zip(states, weights):
             acc += (w / total) * state[key].to(torch.float64)
         out[key] = acc.round().to(ref.dtype) if not ref.is_floating_point() else acc.to(ref.dtype)
@@ -220,16 +220,21 @@ def run(cfg: RefConfig, log=None) -> dict[str, Any]:
         bundle.train_y.numpy(), cfg.num_clients, cfg.partition, cfg.seed,
         dirichlet_beta=cfg.dirichlet_beta, shards_per_client=cfg.shards_per_client, min_size=cfg.min_partition_size,
     )
+    # device = "cuda": every tensor lives on the GPU for the whole run (the app copies a
+    # client's data there once per round); the CPU path is unchanged
+    device = torch.device("cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+                          else "cpu")
     clients = []
     for idx in parts:
         idx_t = torch.from_numpy(idx)
-        clients.append((bundle.train_x[idx_t], bundle.train_y[idx_t]))
+        clients.append((bundle.train_x[idx_t].to(device), bundle.train_y[idx_t].to(device)))
+    test_x, test_y = bundle.test_x.to(device), bundle.test_y.to(device)
 
     name = default_model(cfg.dataset) if cfg.model == "auto" else cfg.model
     torch.manual_seed(cfg.seed)
-    model = build_model(name, tuple(bundle.input_shape), bundle.num_classes)
+    model = build_model(name, tuple(bundle.input_shape), bundle.num_classes).to(device)
     global_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    acc, loss = evaluate(model, bundle.test_x, bundle.test_y, cfg.eval_batch_size)
+    acc, loss = evaluate(model, test_x, test_y, cfg.eval_batch_size)
     rounds = [{"round": 0, "accuracy": acc, "loss": loss, "seconds": 0.0}]
     setup_seconds = time.perf_counter() - t0
 
@@ -243,12 +248,16 @@ def run(cfg: RefConfig, log=None) -> dict[str, Any]:
             n = train_client(model, x, y, bundle.num_classes, cfg, gen)
             states.append({k: v.detach().clone() for k, v in model.state_dict().items()})
             weights.append(float(n))
+            if device.type == "cuda":
+                torch.cuda.synchronize()
             client_seconds.append(time.perf_counter() - t_client)
         t_agg = time.perf_counter()
         global_state = weighted_average(states, weights)
         t_eval = time.perf_counter()
         model.load_state_dict(global_state)
-        acc, loss = evaluate(model, bundle.test_x, bundle.test_y, cfg.eval_batch_size)
+        acc, loss = evaluate(model, test_x, test_y, cfg.eval_batch_size)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         t_end = time.perf_counter()
         if not math.isfinite(loss):
             loss = None
@@ -268,6 +277,7 @@ def run(cfg: RefConfig, log=None) -> dict[str, Any]:
         "setup_seconds": setup_seconds,
         "loop_seconds": time.perf_counter() - t0,
         "torch_threads": torch.get_num_threads(),
+        "device": str(device),
     }
 
 

@@ -2,6 +2,7 @@
 the internet, for that host's Python version and platform.
 
     fedvls wheelhouse -o wheelhouse --python-version 3.12            # on a machine with internet
+                                                                     # (--with-tests: pytest too)
     pip install --no-index --find-links wheelhouse fedvls-flwr       # on the offline GPU host
 
 torch and torchvision are left out: a GPU host brings the CUDA build of torch that matches
@@ -37,9 +38,12 @@ def _name(requirement: str) -> str:
     return Requirement(requirement).name.lower().replace("_", "-")
 
 
-def requirements(pyproject: Path = PROJECT_DIR / "pyproject.toml") -> list[str]:
-    """The project's dependencies, less what the host brings."""
-    deps = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
+def requirements(extras: Sequence[str] = (), pyproject: Path = PROJECT_DIR / "pyproject.toml") -> list[str]:
+    """The project's dependencies (and those of ``extras``), less what the host brings."""
+    project = tomllib.loads(pyproject.read_text())["project"]
+    deps = list(project["dependencies"])
+    for extra in extras:
+        deps += project["optional-dependencies"][extra]
     return [d for d in deps if _name(d) not in HOST_PACKAGES]
 
 
@@ -77,6 +81,7 @@ def build_project_wheel(dest: Path, *pip_args: str) -> Path:
 
 def download_commands(
     dest: Path, python_version: str, platforms: Sequence[str], constraints: Path | None, torchvision: str | None,
+    extras: Sequence[str] = (),
 ) -> list[list[str]]:
     """The pip commands for the project's dependencies on the target, and torchvision if asked."""
     pip = [sys.executable, "-m", "pip"]
@@ -84,7 +89,8 @@ def download_commands(
     for platform in platforms:
         target += ["--platform", platform]
     commands = [
-        [*pip, "download", "-d", str(dest), *target, *(["-c", str(constraints)] if constraints else []), *requirements()],
+        [*pip, "download", "-d", str(dest), *target, *(["-c", str(constraints)] if constraints else []),
+         *requirements(extras)],
     ]
     if torchvision:
         commands.append([*pip, "download", "-d", str(dest), *target, "--no-deps", f"torchvision=={torchvision}"])
@@ -99,6 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--platform", action="append", help=f"wheel platform tag (repeatable; default: {', '.join(LINUX_X86_64)})")
     ap.add_argument("--torchvision", metavar="VERSION", help="also fetch this torchvision (for a host that lacks it)")
     ap.add_argument("--no-lock", action="store_true", help="newest releases in pyproject's ranges, not the tested lock")
+    ap.add_argument("--with-tests", action="store_true", help="also the test tools (pytest, ...): for bench/gpu_check.sh")
     args = ap.parse_args(argv)
     if not (PROJECT_DIR / "pyproject.toml").is_file():
         print(f"fedvls wheelhouse: run it from a checkout of the project ({PROJECT_DIR} has no pyproject.toml: "
@@ -109,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     constraints = None if args.no_lock else lock_without_host_packages(LOCK, args.out)
     print("+ the project's wheel", build_project_wheel(args.out).name, flush=True)
     for command in download_commands(args.out, args.python_version, args.platform or LINUX_X86_64, constraints,
-                                     args.torchvision):
+                                     args.torchvision, ("test",) if args.with_tests else ()):
         print("+", " ".join(command), flush=True)
         if subprocess.run(command).returncode != 0:
             hint = "" if args.no_lock else " (a pinned version may have no wheel for that Python: try --no-lock)"
