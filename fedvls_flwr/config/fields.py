@@ -75,7 +75,7 @@ class RunConfigFields:
     device: str = "auto"
     #: where the server evaluates: auto (CUDA when present, cpu when device = cpu), cpu or cuda
     server_device: str = "auto"
-    #: bit-for-bit reproducible GPU runs (slower; see docs/performance.md)
+    #: bit-for-bit reproducible GPU runs (can be slower; docs/performance.md)
     deterministic: bool = False
     #: torch threads per client process
     torch_threads: int = 1

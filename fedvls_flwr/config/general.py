@@ -84,7 +84,7 @@ GROUPS: tuple[tuple[str, tuple[Setting, ...]], ...] = (
         Setting("server-device", "auto", "where the server evaluates: auto (CUDA when present, cpu when device = "
                 "cpu), cpu or cuda", choices=("auto", "cpu", "cuda")),
         # Deterministic cuDNN/cuBLAS kernels and no TF32 (no effect on a CPU run, which is).
-        Setting("deterministic", False, "bit-for-bit reproducible GPU runs (slower; see docs/performance.md)"),
+        Setting("deterministic", False, "bit-for-bit reproducible GPU runs (can be slower; docs/performance.md)"),
         Setting("torch-threads", 1, "torch threads per client process", **at_least(0, "0 keeps torch's default")),
         Setting("eval-batch-size", 1024, "evaluation batch size", **at_least(1)),
         # "server": the run dataset's test split on the server; "federated": each node's local
