@@ -9,6 +9,7 @@ import torch
 from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.app.metadata import Metadata
 
+from fedvls_flwr.algorithms import device as device_module
 from fedvls_flwr.algorithms.device import describe_device, gpu_left_unused, peak_gpu_memory, set_deterministic
 from fedvls_flwr.app import protocol
 from fedvls_flwr.app.client import query_round
@@ -44,10 +45,11 @@ def test_gpu_left_unused_verdicts(requested, server_cuda, clients, simulation, v
     assert words in problem.message and "Fix:" in problem.message
 
 
-def test_a_cpu_client_says_why_it_sees_no_cuda(monkeypatch):
+@pytest.mark.parametrize("driver", [True, False])
+def test_a_cpu_client_says_why_it_sees_no_cuda_where_a_gpu_exists(monkeypatch, driver):
+    monkeypatch.setattr(device_module, "_has_nvidia_driver", lambda: driver)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    expected = RAY_CPU if torch.version.cuda is not None else "cpu"  # a CPU-only torch build has no GPU to hide
-    assert describe_device(torch.device("cpu")) == expected
+    assert describe_device(torch.device("cpu")) == (RAY_CPU if driver else "cpu")  # no GPU: nothing hidden
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert describe_device(torch.device("cpu")) == "cpu"
 

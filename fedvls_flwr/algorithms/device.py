@@ -21,16 +21,21 @@ CUBLAS_WORKSPACE = ":4096:8"
 
 
 def describe_device(device: torch.device) -> str:
-    """``cuda:0 (NVIDIA H100 80GB HBM3)``, or ``cpu`` with why CUDA is not used when torch
-    was built with it: ``cpu (CUDA_VISIBLE_DEVICES='')`` is Ray's sign of a client that was
-    given no GPU."""
+    """``cuda:0 (NVIDIA H100 80GB HBM3)``, or ``cpu`` - with why, on a machine that has an
+    NVIDIA driver: ``cpu (CUDA_VISIBLE_DEVICES='')`` is Ray's sign of a client that was given
+    no GPU."""
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if torch.version.cuda is not None and visible is not None and not visible.strip():
+    if visible is not None and not visible.strip() and _has_nvidia_driver():
         return "cpu (CUDA_VISIBLE_DEVICES='')"
     return "cpu"
+
+
+def _has_nvidia_driver() -> bool:
+    """An NVIDIA driver is loaded on this machine (whether or not this process may see a GPU)."""
+    return os.path.exists("/proc/driver/nvidia/version") or os.path.exists("/dev/nvidiactl")
 
 
 def sees_cuda(description: str) -> bool:
