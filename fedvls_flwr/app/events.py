@@ -23,7 +23,10 @@ _logger = logging.getLogger("flwr")
 
 
 def emit(kind: str, **fields: Any) -> None:
-    _logger.info("%s%s", EVENT_PREFIX, json.dumps({"event": kind, "t": time.time(), **fields}))
+    """At DEBUG level: the breakdown reads logs taken with ``FLWR_LOG_LEVEL=DEBUG`` (``deploy
+    local --debug-logs``), and a user's ``flwr run --stream`` is spared a JSON line per phase."""
+    if _logger.isEnabledFor(logging.DEBUG):
+        _logger.debug("%s%s", EVENT_PREFIX, json.dumps({"event": kind, "t": time.time(), **fields}))
 
 
 def parse_events(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
