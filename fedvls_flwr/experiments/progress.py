@@ -38,6 +38,10 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def _first(*values: float | None) -> float | None:
+    return next((v for v in values if v is not None), None)
+
+
 class RunWatch:
     """One run, followed through its rounds.jsonl from the moment it was submitted."""
 
@@ -119,13 +123,13 @@ class SweepClock:
     def rate(self, method: str, current: RunWatch | None = None) -> float | None:
         same = [r.per_round for r in self.finished if r.method == method and r.per_round is not None]
         every = [r.per_round for r in self.finished if r.per_round is not None]
-        return _mean(same) or _mean(every) or (current.clock.per_round() if current is not None else None)
+        return _first(_mean(same), _mean(every), current.clock.per_round() if current is not None else None)
 
     def overhead(self, current: RunWatch | None = None) -> float | None:
         """Seconds a run takes beyond its rounds (start-up, first-round warm-up, wind-down)."""
         if self.finished:
             return _mean([r.overhead for r in self.finished])
-        if current is not None and current.first_round_end is not None and (rate := current.clock.per_round()):
+        if current is not None and current.first_round_end is not None and (rate := current.clock.per_round()) is not None:
             return max(0.0, current.first_round_end - current.t_submit - rate)  # start-up only, so far
         return None
 
