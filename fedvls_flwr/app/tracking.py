@@ -128,9 +128,13 @@ class TensorBoardTracker:
             path.unlink(missing_ok=True)
 
     def _add(self, record: dict[str, Any]) -> None:
-        step = int(record["round"])
-        for name, value in record_metrics(record).items():
-            self.writer.add_scalar(name, value, global_step=step)
+        """One event per round holding every number (as ``add_scalar`` writes each: a
+        ``simple_value``): one message through the writer's queue, not one per number."""
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        values = [Summary.Value(tag=name, simple_value=value) for name, value in record_metrics(record).items()]
+        file_writer: Any = self.writer.file_writer  # set by SummaryWriter.__init__ (typed None there)
+        file_writer.add_summary(Summary(value=values), global_step=int(record["round"]))
 
     def log_round(self, record: dict[str, Any]) -> None:
         """Write the round and flush, so a running TensorBoard shows it now."""
