@@ -12,6 +12,11 @@ from fedvls_flwr.app.time_left import RoundClock, format_duration
 from fedvls_flwr.experiments.progress import PROGRESS_FILE, ProgressView, RunWatch, SweepClock, SweepProgress, bar
 
 
+def approx(value):
+    """A RunWatch dates a round by rounds.jsonl's mtime: a few ms off the test's made-up clock."""
+    return pytest.approx(value, abs=0.05)
+
+
 def test_round_clock_uses_the_slope_after_the_first_round():
     clock = RoundClock(10)
     clock.start(0, t=100.0)
@@ -48,16 +53,21 @@ def _write_rounds(run_dir, rounds, accuracy=0.5):
 
 def test_run_watch_follows_rounds_jsonl_and_ignores_a_file_older_than_the_run(tmp_path):
     _write_rounds(tmp_path, 3)
-    old = time.time() - 100
+    old = time.time() - 1000
     os.utime(tmp_path / "rounds.jsonl", (old, old))  # a resumed run's file from before
     watch = RunWatch(tmp_path, 5, t_submit=0.0)
+    watch.wall_submit -= 100  # submitted 100 s ago
     assert not watch.poll(1.0) and not watch.started
     _write_rounds(tmp_path, 0)  # the new run's round 0
     assert not watch.poll(2.0) and watch.started
     _write_rounds(tmp_path, 1, accuracy=0.625)
     assert watch.poll(12.0) and watch.accuracy == 0.625 and watch.clock.round == 1
     assert not watch.poll(13.0)  # nothing new
-    assert watch.clock.per_round() == 10.0
+    _write_rounds(tmp_path, 2)
+    past = time.time() - 5.0
+    os.utime(tmp_path / "rounds.jsonl", (past, past))  # round 2 ended 5 s before this look
+    assert watch.clock.per_round() == approx(10.0)
+    assert watch.poll(30.0) and watch.clock.last[1] == approx(25.0)
 
 
 def _finished_watch(tmp_path, name, total, t_submit, round_ends):
@@ -76,21 +86,21 @@ def test_sweep_clock_estimates_later_runs_from_the_finished_ones(tmp_path):
     # run 1: submitted at 0, round 0 at 10, rounds of 5 s after a 10 s first round, reported done at 33
     first = _finished_watch(tmp_path, "a", 4, 0.0, [10.0, 20.0, 25.0, 30.0, 35.0])
     done = clock.finish(first, "fedavg", now=37.0)
-    assert done.per_round == 5.0 and done.rounds == 4 and done.tail == 2.0 and done.seconds == 37.0
-    assert done.overhead == 17.0
+    assert (done.per_round, done.rounds, done.tail, done.seconds) == (approx(5.0), 4, approx(2.0), 37.0)
+    assert done.overhead == approx(17.0)
     # run 2 (fedvls, no fedvls run finished): round 1 ended 8 s after round 0
     second = _finished_watch(tmp_path, "c", 4, 100.0, [110.0, 118.0])
-    assert clock.run_left(1, second, now=118.0) == pytest.approx(3 * 8.0 + 2.0)  # + run 1's tail
+    assert clock.run_left(1, second, now=118.0) == approx(3 * 8.0 + 2.0)  # + run 1's tail
     # later runs: fedavg at fedavg's 5 s, fedvls at the mean of the finished runs' (5 s), + 17 s each
-    assert clock.sweep_left(1, second, now=118.0) == pytest.approx(26.0 + (17 + 2 * 5) + (17 + 8 * 5))
+    assert clock.sweep_left(1, second, now=118.0) == approx(26.0 + (17 + 2 * 5) + (17 + 8 * 5))
 
 
 def test_sweep_clock_before_anything_finished_uses_the_current_run(tmp_path):
     clock = SweepClock([("fedavg", 3), ("fedavg", 3)])
     run = _finished_watch(tmp_path, "a", 3, 0.0, [6.0, 10.0])
     # start-up so far = first round's end (10) - submission (0) - one round (4) = 6
-    assert clock.run_left(0, run, now=10.0) == pytest.approx(8.0)
-    assert clock.sweep_left(0, run, now=10.0) == pytest.approx(8.0 + 6.0 + 3 * 4.0)
+    assert clock.run_left(0, run, now=10.0) == approx(8.0)
+    assert clock.sweep_left(0, run, now=10.0) == approx(8.0 + 6.0 + 3 * 4.0)
     fresh = RunWatch(tmp_path / "a", 3, 0.0)  # no round ended yet: unknown
     assert clock.run_left(0, fresh, now=1.0) is None and clock.sweep_left(0, fresh, now=1.0) is None
 
@@ -130,3 +140,20 @@ def test_sweep_progress_records_every_estimate(tmp_path):
     assert events[2]["run_left"] is not None and events[2]["sweep_left"] is not None
     assert lines[0].startswith("[sweep] (1/2) r1: round 1/2, accuracy 25.00%, run ~")
     assert "sweep ~" in lines[1] and "round 2/2, accuracy 50.00%" in lines[1]
+
+
+def test_sweep_progress_follows_the_run_in_a_thread_while_the_sweep_waits(tmp_path):
+    lines: list[str] = []
+    progress = SweepProgress(tmp_path, [("r1", "fedavg", 2)], ProgressView(lines.append, every=0))
+    (tmp_path / "r1").mkdir()
+    progress.start(0, tmp_path / "r1")
+    with progress.following(every=0.02):
+        _write_rounds(tmp_path / "r1", 0)
+        deadline = time.monotonic() + 10
+        while not (progress.watch and progress.watch.started) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        _write_rounds(tmp_path / "r1", 1)
+        while not lines and time.monotonic() < deadline:
+            time.sleep(0.01)
+        _write_rounds(tmp_path / "r1", 2)  # seen by the last look when the wait ends
+    assert [line.split(":")[1].split(",")[0] for line in lines] == [" round 1/2", " round 2/2"]

@@ -22,7 +22,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -358,14 +357,9 @@ class LocalSuperLink:
         runs = payload.get("runs", [])
         return runs[0]["status"] if runs else "unknown"
 
-    def wait(
-        self, run_id: int, timeout: float = 600.0, poll: float = 1.0, on_poll: Callable[[], None] | None = None,
-    ) -> RunOutcome:
-        """Until the run is finished (or ``timeout``); ``on_poll`` is called between status checks."""
+    def wait(self, run_id: int, timeout: float = 600.0, poll: float = 1.0) -> RunOutcome:
         t0 = time.monotonic()
         while True:
-            if on_poll is not None:
-                on_poll()
             status = self.status(run_id)
             if status.startswith("finished"):
                 return RunOutcome(run_id, status, time.monotonic() - t0, self.logs(run_id))

@@ -2,8 +2,9 @@
 left for that run and for the whole sweep, from the round times measured so far.
 
 The sweep follows a run by reading its ``rounds.jsonl`` as the server rewrites it after each
-round. A run's time left: :class:`~fedvls_flwr.app.time_left.RoundClock` (rounds left x
-seconds per round, measured on this run) plus the time the finished runs took after their
+round (the file's modification time is when the round ended). A run's time left:
+:class:`~fedvls_flwr.app.time_left.RoundClock` (rounds left x seconds per round, measured on
+this run) plus the time the finished runs took after their
 last round (writing the final files, the run's processes stopping). A run not started yet
 is estimated as its rounds x the seconds per round of the finished runs of the same method
 (of all finished runs when none of its method has finished; of the current run before any
@@ -21,8 +22,10 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -57,11 +60,15 @@ class RunWatch:
         """Read rounds.jsonl; True when a round ended since the last poll. A file not written
         since the submission (a resumed run's old one) is not this run's progress yet."""
         try:
-            if self.path.stat().st_mtime < self.wall_submit - 1.0:
+            mtime = self.path.stat().st_mtime
+            if mtime < self.wall_submit - 1.0:
                 return False
             lines = self.path.read_text().splitlines()
         except OSError:
             return False
+        # the file is replaced after each round: its mtime is when the last round ended,
+        # however late this look comes (a busy machine, a slow status check in between)
+        ended = now - min(max(0.0, time.time() - mtime), max(0.0, now - self.t_submit))
         last: dict[str, Any] | None = None
         for line in reversed(lines):  # the file is replaced whole, never torn; be lenient anyway
             try:
@@ -76,14 +83,14 @@ class RunWatch:
         seen = last["round"]
         if not self.started:  # round 0 of a fresh run, or the last saved round of a resumed one
             self.started = True
-            self.clock.start(seen, now)
+            self.clock.start(seen, ended)
             return False
         before = self.clock.round
-        self.clock.observe(seen, now)
+        self.clock.observe(seen, ended)
         if self.clock.round == before:
             return False
         if self.first_round_end is None:
-            self.first_round_end = now
+            self.first_round_end = ended
         acc = last.get("accuracy")
         self.accuracy = float(acc) if isinstance(acc, (int, float)) else None
         return True
@@ -242,6 +249,25 @@ class SweepProgress:
             self.view.status(text, bar=bar(done, total), force=done >= total)
         elif self.view.live:
             self.view.status(text, bar=bar(done, total))  # the countdown moves between rounds
+
+    @contextmanager
+    def following(self, every: float = 0.5) -> Iterator[None]:
+        """:meth:`poll` every ``every`` seconds in a thread while the sweep waits for the run
+        (whose status check, a ``flwr ls``, can take seconds on a busy machine)."""
+        stop = threading.Event()
+
+        def follow() -> None:
+            while not stop.wait(every):
+                self.poll()
+
+        thread = threading.Thread(target=follow, name="sweep-progress", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+            self.poll()  # the last rounds, if they ended since the last look
 
     def finish(self, method: str, status: str) -> FinishedRun | None:
         if self.watch is None:

@@ -154,8 +154,8 @@ def run_preset(
                     })
                     progress.start(i - 1, output_dir / name)
                     run_id = link.submit(run_config=run_config, federation_config=federation)
-                    outcome = link.wait(run_id, timeout=timeout, on_poll=progress.poll)
-                    progress.poll()  # the last rounds, if they ended since the last look
+                    with progress.following():
+                        outcome = link.wait(run_id, timeout=timeout)
                     progress.finish(planned[i - 1][1], outcome.status)
                     statuses[name] = outcome.status
                     summary_path = output_dir / name / SUMMARY_FILE
