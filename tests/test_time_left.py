@@ -88,11 +88,16 @@ def test_sweep_clock_estimates_later_runs_from_the_finished_ones(tmp_path):
     done = clock.finish(first, "fedavg", now=37.0)
     assert (done.per_round, done.rounds, done.tail, done.seconds) == (approx(5.0), 4, approx(2.0), 37.0)
     assert done.overhead == approx(17.0)
-    # run 2 (fedvls, no fedvls run finished): round 1 ended 8 s after round 0
+    # run 2 (fedvls; none finished yet): round 1 ended 8 s after round 0; one round says little
+    # (start-up), so the finished runs' 5 s per round count, plus run 1's 2 s after its last round
     second = _finished_watch(tmp_path, "c", 4, 100.0, [110.0, 118.0])
-    assert clock.run_left(1, second, now=118.0) == approx(3 * 8.0 + 2.0)  # + run 1's tail
+    assert clock.run_left(1, second, now=118.0) == approx(3 * 5.0 + 2.0)
     # later runs: fedavg at fedavg's 5 s, fedvls at the mean of the finished runs' (5 s), + 17 s each
-    assert clock.sweep_left(1, second, now=118.0) == approx(26.0 + (17 + 2 * 5) + (17 + 8 * 5))
+    assert clock.sweep_left(1, second, now=118.0) == approx(17.0 + (17 + 2 * 5) + (17 + 8 * 5))
+    # after round 2 the run's own slope: rounds 1 -> 2 took 6 s
+    _write_rounds(tmp_path / "c", 2)
+    second.poll(124.0)
+    assert clock.run_left(1, second, now=124.0) == approx(2 * 6.0 + 2.0)
 
 
 def test_sweep_clock_before_anything_finished_uses_the_current_run(tmp_path):
@@ -157,3 +162,11 @@ def test_sweep_progress_follows_the_run_in_a_thread_while_the_sweep_waits(tmp_pa
             time.sleep(0.01)
         _write_rounds(tmp_path / "r1", 2)  # seen by the last look when the wait ends
     assert [line.split(":")[1].split(",")[0] for line in lines] == [" round 1/2", " round 2/2"]
+
+
+def test_after_one_round_a_later_run_uses_the_finished_runs_seconds_per_round(tmp_path):
+    clock = SweepClock([("fedavg", 4), ("fedavg", 4)])
+    clock.finish(_finished_watch(tmp_path, "a", 4, 0.0, [10.0, 20.0, 25.0, 30.0, 35.0]), "fedavg", now=37.0)
+    second = _finished_watch(tmp_path, "b", 4, 100.0, [110.0, 140.0])  # round 1: 30 s, mostly start-up
+    assert second.clock.left(now=140.0) == approx(90.0)  # the run's own slope
+    assert clock.run_left(1, second, now=140.0) == approx(3 * 5.0 + 2.0)  # the finished run's 5 s per round

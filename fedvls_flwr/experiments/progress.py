@@ -4,7 +4,8 @@ left for that run and for the whole sweep, from the round times measured so far.
 The sweep follows a run by reading its ``rounds.jsonl`` as the server rewrites it after each
 round (the file's modification time is when the round ended). A run's time left:
 :class:`~fedvls_flwr.app.time_left.RoundClock` (rounds left x seconds per round, measured on
-this run) plus the time the finished runs took after their
+this run; after its first round, whose time holds the clients' start-up, the finished runs'
+seconds per round instead) plus the time the finished runs took after their
 last round (writing the final files, the run's processes stopping). A run not started yet
 is estimated as its rounds x the seconds per round of the finished runs of the same method
 (of all finished runs when none of its method has finished; of the current run before any
@@ -142,10 +143,14 @@ class SweepClock:
 
     def run_left(self, index: int, watch: RunWatch, now: float) -> float | None:
         """Seconds until run ``index`` (0-based) is reported finished."""
-        left = watch.clock.left(now)
-        if left is not None:
-            return left + (_mean([r.tail for r in self.finished]) or 0.0)
         method, rounds = self.planned[index]
+        clock, tail = watch.clock, _mean([r.tail for r in self.finished]) or 0.0
+        if clock.first is not None and clock.first == clock.last and (rate := self.rate(method)) is not None:
+            # one round seen: its time holds the clients' start-up; the finished runs know better
+            return max(0.0, (clock.total - clock.first[0]) * rate - (now - clock.first[1])) + tail
+        left = clock.left(now)
+        if left is not None:
+            return left + tail
         rate, overhead = self.rate(method), self.overhead()
         if rate is None or overhead is None:
             return None
