@@ -182,7 +182,8 @@ class ProgressView:
 
     @classmethod
     def for_terminal(cls, every: float = 30.0) -> ProgressView:
-        return cls(print, live=sys.stdout.isatty(), every=every)
+        """stdout: live when it is a terminal; else plain lines, flushed (a log someone tails)."""
+        return cls(lambda text: print(text, flush=True), live=sys.stdout.isatty(), every=every)
 
     def message(self, text: str) -> None:
         if self.live and self.shown:
