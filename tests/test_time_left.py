@@ -13,8 +13,7 @@ from fedvls_flwr.experiments.progress import PROGRESS_FILE, ProgressView, RunWat
 
 
 def approx(value):
-    """A RunWatch dates a round by rounds.jsonl's mtime: a few ms off the test's made-up clock."""
-    return pytest.approx(value, abs=0.05)
+    return pytest.approx(value, abs=1e-9)
 
 
 def test_round_clock_uses_the_slope_after_the_first_round():
@@ -46,35 +45,37 @@ def test_format_duration():
         "?", "0s", "10s", "1m05s", "59m59s", "1h00m", "1h02m"]
 
 
-def _write_rounds(run_dir, rounds, accuracy=0.5):
+WALL = 1.8e9  # the wall clock of the watches below: rounds.jsonl's mtime is set on it
+
+
+def _write_rounds(run_dir, rounds, accuracy=0.5, ago=0.0, real_time=False):
+    """rounds.jsonl with rounds 0..rounds, written ``ago`` seconds before WALL (``real_time``: now)."""
     text = "".join(json.dumps({"round": r, "accuracy": accuracy}) + "\n" for r in range(rounds + 1))
     (run_dir / "rounds.jsonl").write_text(text)
+    if not real_time:
+        os.utime(run_dir / "rounds.jsonl", (WALL - ago, WALL - ago))
 
 
 def test_run_watch_follows_rounds_jsonl_and_ignores_a_file_older_than_the_run(tmp_path):
-    _write_rounds(tmp_path, 3)
-    old = time.time() - 1000
-    os.utime(tmp_path / "rounds.jsonl", (old, old))  # a resumed run's file from before
-    watch = RunWatch(tmp_path, 5, t_submit=0.0)
-    watch.wall_submit -= 100  # submitted 100 s ago
+    _write_rounds(tmp_path, 3, ago=1000)  # a resumed run's file from before
+    watch = RunWatch(tmp_path, 5, t_submit=0.0, wall=lambda: WALL - 100)  # submitted 100 s ago
+    watch.wall = lambda: WALL
     assert not watch.poll(1.0) and not watch.started
     _write_rounds(tmp_path, 0)  # the new run's round 0
     assert not watch.poll(2.0) and watch.started
     _write_rounds(tmp_path, 1, accuracy=0.625)
     assert watch.poll(12.0) and watch.accuracy == 0.625 and watch.clock.round == 1
     assert not watch.poll(13.0)  # nothing new
-    _write_rounds(tmp_path, 2)
-    past = time.time() - 5.0
-    os.utime(tmp_path / "rounds.jsonl", (past, past))  # round 2 ended 5 s before this look
-    assert watch.clock.per_round() == approx(10.0)
-    assert watch.poll(30.0) and watch.clock.last[1] == approx(25.0)
+    assert watch.clock.per_round() == 10.0
+    _write_rounds(tmp_path, 2, ago=5.0)  # round 2 ended 5 s before this look
+    assert watch.poll(30.0) and watch.clock.last == (2, 25.0)
 
 
 def _finished_watch(tmp_path, name, total, t_submit, round_ends):
     """A RunWatch of a ``total``-round run that saw round i end at round_ends[i] (round 0: written)."""
     run_dir = tmp_path / name
     run_dir.mkdir()
-    watch = RunWatch(run_dir, total, t_submit)
+    watch = RunWatch(run_dir, total, t_submit, wall=lambda: WALL)
     for r, t in enumerate(round_ends):
         _write_rounds(run_dir, r)
         watch.poll(t)
@@ -106,7 +107,7 @@ def test_sweep_clock_before_anything_finished_uses_the_current_run(tmp_path):
     # start-up so far = first round's end (10) - submission (0) - one round (4) = 6
     assert clock.run_left(0, run, now=10.0) == approx(8.0)
     assert clock.sweep_left(0, run, now=10.0) == approx(8.0 + 6.0 + 3 * 4.0)
-    fresh = RunWatch(tmp_path / "a", 3, 0.0)  # no round ended yet: unknown
+    fresh = RunWatch(tmp_path / "a", 3, 0.0, wall=lambda: WALL)  # no round ended yet: unknown
     assert clock.run_left(0, fresh, now=1.0) is None and clock.sweep_left(0, fresh, now=1.0) is None
 
 
@@ -135,7 +136,7 @@ def test_sweep_progress_records_every_estimate(tmp_path):
     (tmp_path / "r1").mkdir()
     progress.start(0, tmp_path / "r1")
     for r in range(3):
-        _write_rounds(tmp_path / "r1", r, accuracy=0.25 * r)
+        _write_rounds(tmp_path / "r1", r, accuracy=0.25 * r, real_time=True)
         progress.poll()
     progress.finish("fedavg", "finished:completed")
     progress.close()
@@ -153,14 +154,14 @@ def test_sweep_progress_follows_the_run_in_a_thread_while_the_sweep_waits(tmp_pa
     (tmp_path / "r1").mkdir()
     progress.start(0, tmp_path / "r1")
     with progress.following(every=0.02):
-        _write_rounds(tmp_path / "r1", 0)
+        _write_rounds(tmp_path / "r1", 0, real_time=True)
         deadline = time.monotonic() + 10
         while not (progress.watch and progress.watch.started) and time.monotonic() < deadline:
             time.sleep(0.01)
-        _write_rounds(tmp_path / "r1", 1)
+        _write_rounds(tmp_path / "r1", 1, real_time=True)
         while not lines and time.monotonic() < deadline:
             time.sleep(0.01)
-        _write_rounds(tmp_path / "r1", 2)  # seen by the last look when the wait ends
+        _write_rounds(tmp_path / "r1", 2, real_time=True)  # seen by the last look when the wait ends
     assert [line.split(":")[1].split(",")[0] for line in lines] == [" round 1/2", " round 2/2"]
 
 

@@ -5,7 +5,9 @@ After every round the global model (``checkpoint.npz``, which records its round)
 so a killed server loses at most the round in progress; ``resume = true`` continues from
 there, in the same folder or after the folder was moved (``output-dir`` may change). A
 result file that cannot be written (a full disk) stops the run with a message naming the
-file, the last round that is safe and how to continue.
+file, the last round that is safe and how to continue. With ``tracking`` set, each round's
+record also goes to the tracker right after rounds.jsonl (:mod:`fedvls_flwr.app.tracking`);
+the log line of each round ends with the run's time left (:mod:`fedvls_flwr.app.time_left`).
 """
 
 from __future__ import annotations

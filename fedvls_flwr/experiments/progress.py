@@ -49,10 +49,13 @@ def _first(*values: float | None) -> float | None:
 class RunWatch:
     """One run, followed through its rounds.jsonl from the moment it was submitted."""
 
-    def __init__(self, run_dir: Path, total: int, t_submit: float) -> None:
+    def __init__(self, run_dir: Path, total: int, t_submit: float, wall: Callable[[], float] = time.time) -> None:
+        """``t_submit``: when the run was submitted (monotonic clock, as ``poll``'s ``now``);
+        ``wall``: the clock file modification times are on."""
         self.path = Path(run_dir) / ROUNDS_FILE
         self.clock = RoundClock(total)
-        self.t_submit, self.wall_submit = t_submit, time.time()
+        self.wall = wall
+        self.t_submit, self.wall_submit = t_submit, wall()
         self.started = False
         self.accuracy: float | None = None
         self.first_round_end: float | None = None
@@ -69,7 +72,7 @@ class RunWatch:
             return False
         # the file is replaced after each round: its mtime is when the last round ended,
         # however late this look comes (a busy machine, a slow status check in between)
-        ended = now - min(max(0.0, time.time() - mtime), max(0.0, now - self.t_submit))
+        ended = now - min(max(0.0, self.wall() - mtime), max(0.0, now - self.t_submit))
         last: dict[str, Any] | None = None
         for line in reversed(lines):  # the file is replaced whole, never torn; be lenient anyway
             try:
@@ -195,7 +198,8 @@ class ProgressView:
     def status(self, text: str, *, bar: str = "", force: bool = False) -> None:
         """The current status; ``bar`` is drawn in a terminal only."""
         if self.live:
-            self._draw(f"{text} {bar}" if bar else text)
+            if (line := f"{text} {bar}" if bar else text) != self.shown:
+                self._draw(line)
         elif force or time.monotonic() - self.last_plain >= self.every:
             self.last_plain = time.monotonic()
             self.log(text)
@@ -247,8 +251,12 @@ class SweepProgress:
         sweep_left = self.clock.sweep_left(self.index, watch, now)
         done, total = watch.clock.round or 0, watch.clock.total
         acc = "n/a" if watch.accuracy is None else f"{100 * watch.accuracy:.2f}%"
-        text = (f"[sweep] ({self.index + 1}/{len(self.names)}) {self.names[self.index]}: round {done}/{total}, "
-                f"accuracy {acc}, run ~{format_duration(run_left)} left, sweep ~{format_duration(sweep_left)} left")
+        head = f"[sweep] ({self.index + 1}/{len(self.names)}) {self.names[self.index]}: round {done}/{total}, "
+        if watch.clock.round is None:  # no round of this run has ended yet
+            text = head + f"starting, sweep ~{format_duration(sweep_left)} left"
+        else:
+            text = head + (f"accuracy {acc}, run ~{format_duration(run_left)} left, "
+                           f"sweep ~{format_duration(sweep_left)} left")
         if new:
             self._record(event="round", run=self.names[self.index], round=done, rounds=total,
                          accuracy=watch.accuracy, run_left=run_left, sweep_left=sweep_left)
