@@ -140,3 +140,15 @@ def test_a_tracker_that_fails_mid_run_warns_once_and_the_run_goes_on(tmp_path, c
     assert Broken.calls == 1
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "No space left" in warnings[0] and "resume=true" in warnings[0]
+
+
+def test_a_sweep_says_so_before_starting_anything(no_tensorboard, tmp_path):
+    from fedvls_flwr.experiments.preset import PresetError, load_preset
+    from fedvls_flwr.experiments.sweep import run_preset
+
+    path = tmp_path / "p.yaml"
+    path.write_text("name: p\nbase: {dataset: digits, num-server-rounds: 1, tracking: tensorboard}\n"
+                    "grid: {method: [fedavg]}\nfederation: {num-supernodes: 2}\n")
+    with pytest.raises(PresetError, match=r"fedvls-flwr\[tensorboard\]"):
+        run_preset(load_preset(path), tmp_path / "out", log=lambda *a: None, report=False)
+    assert not (tmp_path / "out" / ".flwr-home").exists()  # no SuperLink was started
