@@ -13,6 +13,7 @@ import pytest
 from fedvls_flwr.app.launch import PROJECT_DIR
 from fedvls_flwr.app.processes import descendants, stop_process
 from fedvls_flwr.experiments.preset import load_preset
+from fedvls_flwr.experiments.progress import PROGRESS_FILE
 from fedvls_flwr.experiments.report import method_label
 from fedvls_flwr.experiments.sweep import run_preset
 from tests.processes import assert_none_left
@@ -59,6 +60,13 @@ def test_tiny_preset_runs_end_to_end_and_its_table_matches_the_summaries(tmp_pat
     assert_none_left((), (out / ".flwr-home").resolve())
 
     assert result["statuses"] == {FIRST: "finished:completed", SECOND: "finished:completed"}, "\n".join(logs)
+    # the progress: each run's round with its accuracy and the time left, every estimate on file
+    for i, name in enumerate((FIRST, SECOND), 1):
+        assert any(line.startswith(f"[sweep] ({i}/2) {name}: round 1/1, accuracy ") and "sweep ~" in line
+                   for line in logs), "\n".join(logs)
+    progress = [json.loads(line) for line in (out / PROGRESS_FILE).read_text().splitlines()]
+    assert [(e["event"], e.get("run")) for e in progress if e["event"] != "round"] == [
+        ("run-start", FIRST), ("run-end", FIRST), ("run-start", SECOND), ("run-end", SECOND), ("sweep-end", None)]
     summaries = {}
     for name in (FIRST, SECOND):
         summary = json.loads((out / name / "summary.json").read_text())

@@ -36,7 +36,7 @@ CHECKPOINT_ROUND_KEY = "__fedvls_round__"
 #: moved elsewhere (e.g. off a full disk) continues there.
 RESUMABLE_CHANGES = frozenset({
     "resume", "num-server-rounds", "round-timeout", "round-retries", "device", "torch-threads",
-    "output-dir", "run-name",
+    "output-dir", "run-name", "tracking",
 })
 
 
@@ -258,7 +258,7 @@ def read_resume_point(run_dir: Path, config: dict[str, Any]) -> ResumePoint:
         raise RunFolderError(
             f"resume: the run in {run_dir} was started with other settings ({detail}); "
             "resume with the same run config (only num-server-rounds, timeouts, retries, device, "
-            "torch-threads, output-dir and run-name may change), or start a new run-name"
+            "torch-threads, output-dir, run-name and tracking may change), or start a new run-name"
         )
 
     checkpoint = run_dir / CHECKPOINT_FILE

@@ -5,7 +5,9 @@ After every round the global model (``checkpoint.npz``, which records its round)
 so a killed server loses at most the round in progress; ``resume = true`` continues from
 there, in the same folder or after the folder was moved (``output-dir`` may change). A
 result file that cannot be written (a full disk) stops the run with a message naming the
-file, the last round that is safe and how to continue.
+file, the last round that is safe and how to continue. With ``tracking`` set, each round's
+record also goes to the tracker right after rounds.jsonl (:mod:`fedvls_flwr.app.tracking`);
+the log line of each round ends with the run's time left (:mod:`fedvls_flwr.app.time_left`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ from fedvls_flwr.app.results import (
     summarize,
 )
 from fedvls_flwr.app.strategy import CheckedFedAvg, RoundReport
+from fedvls_flwr.app.time_left import RoundClock, format_duration
+from fedvls_flwr.app.tracking import check_tracking, open_tracker
 from fedvls_flwr.config.registry import combination_label
 from fedvls_flwr.config.run_config import ConfigError, RunConfig, model_name
 from fedvls_flwr.data.datasets import DatasetBundle, DatasetNotFoundError, image_format
@@ -107,6 +111,7 @@ class ServerRun:
     def __init__(self, grid: Grid, cfg: RunConfig) -> None:
         self.t_start = time.perf_counter()
         self.grid, self.cfg = grid, cfg
+        check_tracking(cfg)  # a missing tracker package: said before the dataset or a round
         self.run_dir = run_dir_for(cfg)
         self.start_round, saved_arrays, saved_rounds = _resume_point(cfg, self.run_dir)
         self.saved_round = self.start_round
@@ -127,6 +132,9 @@ class ServerRun:
             atomic_write_json(self.run_dir / CONFIG_FILE, cfg.to_flower())
             if self.start_round:  # repairs a stale or damaged state.json (see read_resume_point)
                 atomic_write_json(self.run_dir / STATE_FILE, {"round": self.start_round})
+            # holds the rounds rounds.jsonl keeps (a resumed run's), each once
+            self.tracker = open_tracker(cfg, self.run_dir, saved_rounds)
+        self.clock = RoundClock(cfg.num_server_rounds)
         self.label = combination_label(cfg.to_flower())
         log(INFO, "%s on %s (%s), %s evaluation, results in %s",
             self.label, cfg.dataset, model_name(cfg), self.evaluation, self.run_dir)
@@ -206,6 +214,8 @@ class ServerRun:
                 self.clients.update(new)
                 self.writer.write_clients(self.num_classes, self.clients)
             self.writer.append_round(record)
+            if self.tracker is not None:  # the record as rounds.jsonl holds it
+                self.tracker.log_round(self.writer.rounds[-1])
             self.writer.save_checkpoint({**to_numpy_dict(arrays), **server_state}, server_round)
             atomic_write_json(self.run_dir / STATE_FILE, {"round": server_round})
         self.saved_round = server_round
@@ -215,13 +225,15 @@ class ServerRun:
         metrics = self.evaluate_global(arrays, server_round)
         record = self.round_record(server_round, metrics, report, t_eval)
         self.save_round(server_round, record, arrays, report)
+        self.clock.observe(server_round)
+        left = self.clock.left()
         log(
-            INFO, "round %d/%d: accuracy %s  loss %s  train-loss %s  clients %d/%d on %s  %.2fs",
+            INFO, "round %d/%d: accuracy %s  loss %s  train-loss %s  clients %d/%d on %s  %.2fs  ~%s left",
             server_round, self.cfg.num_server_rounds, _fmt(metrics["accuracy"]), _fmt(metrics["loss"]),
             f"{report.train_metrics.get('train-loss', float('nan')):.4f}",
-            report.accepted, report.sampled, _devices_text(record), record["seconds"],
+            report.accepted, report.sampled, _devices_text(record), record["seconds"], format_duration(left),
         )
-        emit(ROUND_END, round=server_round, accuracy=metrics["accuracy"], seconds=record["seconds"])
+        emit(ROUND_END, round=server_round, accuracy=metrics["accuracy"], seconds=record["seconds"], seconds_left=left)
 
     def initial_arrays(self) -> ArrayRecord:
         """Round 0: the fresh model, evaluated and recorded; or the checkpoint to resume from."""
@@ -232,6 +244,8 @@ class ServerRun:
         round0 = {"round": 0, **self.evaluate_global(initial), "seconds": 0.0}
         with self.results_written():
             self.writer.append_round(round0)
+            if self.tracker is not None:
+                self.tracker.log_round(self.writer.rounds[-1])
         if self.evaluation == "federated" and not round0.get("eval_nodes"):
             log(WARNING, "no node evaluated the initial model - none answered with a local test "
                 "split (node config test-fraction > 0), or their evaluation failed (see the nodes' errors): "
@@ -255,8 +269,10 @@ class ServerRun:
     def run(self) -> Path:
         try:
             self.check_client_devices()
+            initial = self.initial_arrays()
+            self.clock.start(self.start_round)
             final = self.strategy.run(
-                self.grid, self.initial_arrays(), on_round_end=self.on_round_end, start_round=self.start_round + 1
+                self.grid, initial, on_round_end=self.on_round_end, start_round=self.start_round + 1
             )
             with self.results_written():
                 self.writer.save_model(to_numpy_dict(final))
@@ -271,6 +287,9 @@ class ServerRun:
             except OSError as write_err:
                 log(WARNING, "summary.json not written either (%s)", write_err)
             raise
+        finally:
+            if self.tracker is not None:
+                self.tracker.close()
         log(INFO, "%s run done - best accuracy %s (round %s), final %s; %s", self.label,
             _fmt(summary["best_accuracy"]), summary["best_round"], _fmt(summary["final_accuracy"]), self.run_dir)
         return self.run_dir

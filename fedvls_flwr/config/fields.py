@@ -91,6 +91,8 @@ class RunConfigFields:
     resume: bool = False
     #: the local-update diagnostic (clients evaluate their updated model)
     local_eval: bool = False
+    #: also log every round's numbers for an experiment tracker (docs/tracking.md)
+    tracking: str = "none"
     #: FedProx proximal weight mu: + (mu/2) ||w - w_global||^2
     fedprox_mu: float = 0.01
     #: MOON model-contrastive loss weight mu

@@ -99,6 +99,10 @@ GROUPS: tuple[tuple[str, tuple[Setting, ...]], ...] = (
                 check=lambda v: "/" not in v and v not in (".", ".."), rule="a plain folder name (no '/')"),
         Setting("resume", False, "continue the run in run-name from its last completed round"),
         Setting("local-eval", False, "the local-update diagnostic (clients evaluate their updated model)"),
+        # Event files in the run folder, written by the server from each round's rounds.jsonl
+        # record (docs/tracking.md); needs the extra: pip install "fedvls-flwr[tensorboard]".
+        Setting("tracking", "none", "also log every round's numbers for an experiment tracker (docs/tracking.md)",
+                choices=("none", "tensorboard")),
     )),
 )
 GENERAL_SETTINGS: tuple[Setting, ...] = tuple(s for _, group in GROUPS for s in group)

@@ -15,9 +15,9 @@ values; unknown keys with a did-you-mean), the dataset's files and labels, and -
 the number of SuperNodes of the simulation - whether the partition can be drawn (shards
 that fit the pool, Dirichlet clients of at least ``min-partition-size``). On this
 machine it also checks that ``device = 'cuda'`` has a CUDA device, that ``output-dir``
-can be created and written, and that the run folder of ``run-name`` is free (or, with
-``resume = true``, can be resumed); ``--for-other-machine`` skips these three for a
-config meant for another machine.
+can be created and written, that the run folder of ``run-name`` is free (or, with
+``resume = true``, can be resumed) and that the package ``tracking`` needs is installed;
+``--for-other-machine`` skips these four for a config meant for another machine.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fedvls_flwr.app.tracking import check_tracking
 from fedvls_flwr.config.args import parse_run_config_args
 from fedvls_flwr.config.run_config import ConfigError, RunConfig, parse_run_config
 
@@ -102,6 +103,7 @@ def check_run_config(
     if this_machine:
         check_output_dir(cfg)
         check_cuda(cfg)
+        check_tracking(cfg)
     if not data:
         return cfg
     from fedvls_flwr.data.node_data import dataset_for, partitions_for
@@ -127,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-data", action="store_true", help="check the keys only, not the dataset")
     parser.add_argument("--for-other-machine", action="store_true",
                         help="the config is for another machine (e.g. GPU SuperNodes, a remote SuperLink): "
-                             "skip this machine's checks (CUDA present, output-dir writable, run folder)")
+                             "skip this machine's checks (CUDA present, output-dir writable, run folder, tracking package)")
     args = parser.parse_args(argv)
     if args.num_supernodes is not None and args.num_supernodes < 1:
         parser.error("--num-supernodes must be >= 1")

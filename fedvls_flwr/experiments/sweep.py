@@ -40,6 +40,7 @@ from fedvls_flwr.experiments.preset import (
     load_preset,
     split_federation,
 )
+from fedvls_flwr.experiments.progress import ProgressView, SweepProgress
 
 #: The file a sweep writes into each run folder: the settings the run was started with.
 RUN_FILE = "sweep-run.json"
@@ -47,7 +48,7 @@ RUN_FILE = "sweep-run.json"
 #: long the server waits): two runs that differ only in these are the same experiment.
 NON_IDENTITY_KEYS = frozenset({
     "run-name", "output-dir", "resume", "device", "torch-threads", "eval-batch-size",
-    "round-timeout", "round-retries", "min-nodes",
+    "round-timeout", "round-retries", "min-nodes", "tracking",
 })
 
 
@@ -99,12 +100,15 @@ def _check_same_settings(run_dir: Path, identity: dict[str, Any]) -> None:
 
 def run_preset(
     preset: Preset, output_dir: Path, *, timeout: float = 3600.0, log: Callable[..., None] = print, report: bool = True,
-    port_range: tuple[int, int] | None = None,
+    port_range: tuple[int, int] | None = None, view: ProgressView | None = None,
 ) -> dict[str, Any]:
     """Run every not-yet-finished run of ``preset`` under ``output_dir``; returns a status dict.
 
     ``port_range``: the SuperLink's port comes from this inclusive range (Ray's own ports do not).
+    ``view``: where the progress goes (default: plain lines through ``log``, one per 30 s at most).
     """
+    view = view or ProgressView(log)
+    log = view.message
     output_dir = Path(output_dir).resolve()
     output_dir.mkdir(parents=True, exist_ok=True)
     check_data(preset)
@@ -123,35 +127,47 @@ def run_preset(
         else:
             # resume=true: a run interrupted mid-way continues from its last checkpoint.
             todo.append(({**run_config, "output-dir": str(output_dir), "resume": True}, federation, identity))
+    from fedvls_flwr.app.tracking import check_tracking
     from fedvls_flwr.experiments.check import check_output_dir
 
+    planned = []
     for run_config, _, _ in todo:  # a run folder that cannot be resumed: said now, not mid-sweep
         try:
-            check_output_dir(parse_run_config(run_config))
+            cfg = parse_run_config(run_config)
+            check_output_dir(cfg)
+            check_tracking(cfg)
+            planned.append((cfg.run_name, cfg.method, cfg.num_server_rounds))
         except ValueError as err:  # ConfigError, RunFolderError (which file, what to do)
             raise PresetError(f"preset {preset.path}: run {run_config['run-name']}: {err}") from None
     log(f"[sweep] {preset.name}: {len(preset.runs)} runs, {len(statuses)} already finished, {len(todo)} to run")
     if todo:
-        with LocalSuperLink(output_dir / ".flwr-home", port_range=port_range) as link:
-            for i, (run_config, federation, identity) in enumerate(todo, 1):
-                name = run_config["run-name"]
-                t0 = time.perf_counter()
-                log(f"[sweep] ({i}/{len(todo)}) {name} ...")
-                (output_dir / name).mkdir(exist_ok=True)
-                atomic_write_json(output_dir / name / RUN_FILE, {
-                    "run_config": run_config, "federation": federation, "identity": identity,
-                })
-                run_id = link.submit(run_config=run_config, federation_config=federation)
-                outcome = link.wait(run_id, timeout=timeout)
-                statuses[name] = outcome.status
-                summary_path = output_dir / name / SUMMARY_FILE
-                if outcome.completed and summary_path.exists():
-                    s = json.loads(summary_path.read_text())
-                    log(f"[sweep]     best {100 * s['best_accuracy']:.2f}% (round {s['best_round']}), "
-                        f"final {100 * s['final_accuracy']:.2f}%, {time.perf_counter() - t0:.0f}s")
-                else:
-                    (output_dir / f"{name}.failed.log").write_text(outcome.log)
-                    log(f"[sweep]     {outcome.status}; log in {name}.failed.log")
+        progress = SweepProgress(output_dir, planned, view)
+        try:
+            with LocalSuperLink(output_dir / ".flwr-home", port_range=port_range) as link:
+                for i, (run_config, federation, identity) in enumerate(todo, 1):
+                    name = run_config["run-name"]
+                    t0 = time.perf_counter()
+                    log(f"[sweep] ({i}/{len(todo)}) {name} ...")
+                    (output_dir / name).mkdir(exist_ok=True)
+                    atomic_write_json(output_dir / name / RUN_FILE, {
+                        "run_config": run_config, "federation": federation, "identity": identity,
+                    })
+                    progress.start(i - 1, output_dir / name)
+                    run_id = link.submit(run_config=run_config, federation_config=federation)
+                    with progress.following():
+                        outcome = link.wait(run_id, timeout=timeout)
+                    progress.finish(planned[i - 1][1], outcome.status)
+                    statuses[name] = outcome.status
+                    summary_path = output_dir / name / SUMMARY_FILE
+                    if outcome.completed and summary_path.exists():
+                        s = json.loads(summary_path.read_text())
+                        log(f"[sweep]     best {100 * s['best_accuracy']:.2f}% (round {s['best_round']}), "
+                            f"final {100 * s['final_accuracy']:.2f}%, {time.perf_counter() - t0:.0f}s")
+                    else:
+                        (output_dir / f"{name}.failed.log").write_text(outcome.log)
+                        log(f"[sweep]     {outcome.status}; log in {name}.failed.log")
+        finally:
+            progress.close()
     paths = {}
     if report:
         from fedvls_flwr.experiments.report import make_report
@@ -195,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", default=[], metavar="KEY=VALUE",
                         help="run only the preset's runs with this setting (repeatable: all must match)")
     parser.add_argument("--dry-run", action="store_true", help="list the runs and exit")
+    parser.add_argument("--progress-every", type=float, default=30.0, metavar="SECONDS",
+                        help="when stdout is not a terminal: a progress line per round, at most one per SECONDS "
+                             "(0: every round); in a terminal the progress is one live line")
     parser.add_argument("--port-range", metavar="LO-HI",
                         help="take the SuperLink's port from LO-HI (shared hosts, firewalls); "
                              "Ray picks its own internal ports")
@@ -216,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
             print(overrides["run-name"], json.dumps(overrides))
         return 0
     try:
-        result = run_preset(preset, output_dir, timeout=args.timeout, port_range=port_range)
+        result = run_preset(preset, output_dir, timeout=args.timeout, port_range=port_range,
+                            view=ProgressView.for_terminal(every=args.progress_every))
     except (PresetError, ConfigError, FileNotFoundError, PortRangeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
