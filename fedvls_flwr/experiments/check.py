@@ -26,10 +26,13 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedvls_flwr.config.args import parse_run_config_args
 from fedvls_flwr.config.run_config import ConfigError, RunConfig, parse_run_config
+
+if TYPE_CHECKING:
+    from fedvls_flwr.data.bundle import DatasetBundle
 
 PROJECT_DIR = Path(__file__).resolve().parents[2]
 
@@ -87,6 +90,22 @@ def check_cuda(cfg: RunConfig) -> None:
             )
 
 
+def check_model(cfg: RunConfig, bundle: DatasetBundle | None) -> None:
+    """The model for the dataset's input size, as the ServerApp checks it before any round:
+    a BatchNorm layer at a 1x1 feature map is a warning (stderr), with ``batch-size`` 1 an error."""
+    if cfg.dataset == "synthetic":
+        return  # vectors: only mlp / logreg apply
+    from fedvls_flwr.algorithms.batchnorm import feature_map_problem
+    from fedvls_flwr.config.run_config import model_name
+    from fedvls_flwr.data.datasets import image_format
+    from fedvls_flwr.models import build_model
+
+    shape = tuple(bundle.input_shape) if bundle is not None else tuple(image_format(cfg.dataset).shape)
+    note = feature_map_problem(build_model(model_name(cfg), shape, 2), model_name(cfg), shape, cfg.batch_size)
+    if note:
+        print(f"warning: {note}", file=sys.stderr)
+
+
 def check_run_config(
     overrides: dict[str, Any], num_supernodes: int | None = None, data: bool = True, app_dir: Path = PROJECT_DIR,
     this_machine: bool = False,
@@ -102,10 +121,11 @@ def check_run_config(
         check_output_dir(cfg)
         check_cuda(cfg)
     if not data:
+        check_model(cfg, None)
         return cfg
     from fedvls_flwr.data.node_data import dataset_for, partitions_for
 
-    dataset_for(cfg)
+    check_model(cfg, dataset_for(cfg))
     if num_supernodes is None:
         return cfg
     if cfg.dataset != "synthetic":
