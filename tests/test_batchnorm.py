@@ -11,6 +11,7 @@ from fedvls_flwr.algorithms.batchnorm import (
     batch_bounds,
     feature_map_problem,
     has_batchnorm,
+    imagenet_resnet18_smallest_map,
     smallest_batchnorm_map,
 )
 from fedvls_flwr.algorithms.training import train_local
@@ -110,13 +111,21 @@ def test_smallest_batchnorm_map(name, shape, smallest):
     assert model.training and all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
 
 
+@pytest.mark.parametrize("size", [8, 28, 32, 33, 64, 65, 224])
+def test_resnet18_imagenet_map_without_torchvision_matches_the_model(size):
+    with torch.device("meta"):
+        model = build_model("resnet18-imagenet", (3, size, size), 10)
+    assert imagenet_resnet18_smallest_map((3, size, size)) == smallest_batchnorm_map(model, (3, size, size))
+    assert imagenet_resnet18_smallest_map((3, size, 2 * size)) == smallest_batchnorm_map(model, (3, size, 2 * size))
+
+
 def test_a_1x1_map_is_a_warning_naming_model_and_input_size_and_batch_size_1_is_refused():
-    model = build_model("resnet18-imagenet", (1, 28, 28), 10)
-    note = feature_map_problem(model, "resnet18-imagenet", (1, 28, 28), 64)
+    note = feature_map_problem((1, 1), "resnet18-imagenet", (1, 28, 28), 64)
     assert note is not None and "model 'resnet18-imagenet' reduces 1x28x28 inputs to a 1x1 feature map" in note
     with pytest.raises(ConfigError, match="'batch-size' = 1: model 'resnet18-imagenet' reduces 1x28x28"):
-        feature_map_problem(model, "resnet18-imagenet", (1, 28, 28), 1)
-    assert feature_map_problem(build_model("resnet18", (3, 32, 32), 10), "resnet18", (3, 32, 32), 1) is None
+        feature_map_problem((1, 1), "resnet18-imagenet", (1, 28, 28), 1)
+    assert feature_map_problem((4, 4), "resnet18", (3, 32, 32), 1) is None
+    assert feature_map_problem(None, "mlp", (1, 8, 8), 1) is None
 
 
 def test_check_command_warns_about_a_1x1_map(capsys):
@@ -127,4 +136,15 @@ def test_check_command_warns_about_a_1x1_map(capsys):
     assert check_main(["--run-config", "model='mobilenetv2' batch-size=1"]) == 2
     assert "'batch-size' = 1: model 'mobilenetv2' reduces 1x8x8" in capsys.readouterr().err
     assert check_main(["--run-config", "model='mlp'"]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_check_command_warns_about_resnet18_imagenet_on_fashion_mnist(capsys, tmp_path):
+    from tests.test_fmnist import write_fmnist
+
+    write_fmnist(tmp_path / "FashionMNIST" / "raw", n_train=40, n_test=10)
+    data = f"dataset='fmnist' data-dir='{tmp_path}'"
+    assert check_main(["--run-config", data + " model='resnet18-imagenet'"]) == 0
+    assert "warning: model 'resnet18-imagenet' reduces 1x28x28 inputs to a 1x1 feature map" in capsys.readouterr().err
+    assert check_main(["--run-config", data + " model='resnet18'"]) == 0  # 28 -> 4x4: no warning
     assert "warning" not in capsys.readouterr().err

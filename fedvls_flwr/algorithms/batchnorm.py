@@ -29,6 +29,8 @@ A client with fewer than 2 samples cannot form a batch of 2 and fails with
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -70,7 +72,8 @@ def batch_bounds(n: int, batch_size: int, *, batchnorm: bool) -> list[tuple[int,
 @torch.no_grad()
 def smallest_batchnorm_map(model: nn.Module, input_shape: tuple[int, ...]) -> tuple[int, ...] | None:
     """The smallest feature map (spatial shape; ``()`` for a BatchNorm1d on vectors) that a
-    BatchNorm layer of ``model`` sees for one input of ``input_shape``; None without BatchNorm."""
+    BatchNorm layer of ``model`` sees for one input of ``input_shape``; None without BatchNorm.
+    ``model`` is left as it was (one input in eval mode: nothing is updated)."""
     shapes: list[tuple[int, ...]] = []
 
     def keep(module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
@@ -83,22 +86,33 @@ def smallest_batchnorm_map(model: nn.Module, input_shape: tuple[int, ...]) -> tu
     was_training = model.training
     try:
         model.eval()  # running statistics: a batch of one is allowed and nothing is updated
-        model(torch.zeros(1, *input_shape))
+        model(torch.zeros(1, *input_shape, device=next(model.parameters()).device))
     finally:
         model.train(was_training)
         for handle in handles:
             handle.remove()
-    return min(shapes, key=lambda s: (int(torch.tensor(s).prod()), s))
+    return min(shapes, key=lambda s: (math.prod(s), s))
+
+
+def imagenet_resnet18_smallest_map(input_shape: tuple[int, ...]) -> tuple[int, int]:
+    """The smallest map a BatchNorm layer of ``resnet18-imagenet`` sees, without importing
+    torchvision (about 1.7 s of CPU, too much for ``check``): its 7x7 stride-2 stem, the
+    max-pool and the stride-2 first blocks of stages 2-4 each halve the map, rounding up,
+    and the last stage is the smallest. tests/test_batchnorm.py checks it against the model."""
+    height, width = input_shape[-2:]
+    for _ in range(5):
+        height, width = (height + 1) // 2, (width + 1) // 2
+    return height, width
 
 
 def feature_map_problem(
-    model: nn.Module, model_name: str, input_shape: tuple[int, ...], batch_size: int
+    smallest: tuple[int, ...] | None, model_name: str, input_shape: tuple[int, ...], batch_size: int
 ) -> str | None:
-    """A warning when ``model`` normalises a 1x1 feature map (one value per sample) for
-    inputs of ``input_shape``; None when it does not. Raises ConfigError when that map
-    would fail every step (``batch_size < 2``)."""
-    smallest = smallest_batchnorm_map(model, input_shape)
-    if smallest is None or int(torch.tensor(smallest).prod()) > 1:
+    """A warning when the smallest map a BatchNorm layer of the model sees (``smallest``, see
+    :func:`smallest_batchnorm_map`; None: no BatchNorm) for inputs of ``input_shape`` is 1x1
+    (one value per sample); None otherwise. Raises ConfigError when that map would fail every
+    step (``batch_size < 2``)."""
+    if smallest is None or math.prod(smallest) > 1:
         return None
     size = "x".join(str(s) for s in input_shape)
     where = f"model {model_name!r} reduces {size} inputs to a 1x1 feature map before some of its BatchNorm layers"
@@ -111,5 +125,5 @@ def feature_map_problem(
         f"{where}: there each channel is normalised over the batch's samples alone (one value per "
         "sample). It trains (a short last batch joins the one before it, see docs/datasets-and-models.md, "
         "'BatchNorm and the last batch'), but with noisier batch statistics than on larger images; "
-        "resnet18 / resnet32 keep a 4x4 or larger map on 32x32 inputs"
+        "mobilenetv2, resnet18 and resnet32 keep a 4x4 or larger map on 32x32 inputs"
     )

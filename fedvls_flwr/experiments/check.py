@@ -95,13 +95,22 @@ def check_model(cfg: RunConfig, bundle: DatasetBundle | None) -> None:
     a BatchNorm layer at a 1x1 feature map is a warning (stderr), with ``batch-size`` 1 an error."""
     if cfg.dataset == "synthetic":
         return  # vectors: only mlp / logreg apply
-    from fedvls_flwr.algorithms.batchnorm import feature_map_problem
+    from fedvls_flwr.algorithms.batchnorm import (
+        feature_map_problem,
+        imagenet_resnet18_smallest_map,
+        smallest_batchnorm_map,
+    )
     from fedvls_flwr.config.run_config import model_name
     from fedvls_flwr.data.datasets import image_format
     from fedvls_flwr.models import build_model
 
     shape = tuple(bundle.input_shape) if bundle is not None else tuple(image_format(cfg.dataset).shape)
-    note = feature_map_problem(build_model(model_name(cfg), shape, 2), model_name(cfg), shape, cfg.batch_size)
+    name = model_name(cfg)
+    if name == "resnet18-imagenet":  # the same answer without importing torchvision
+        smallest: tuple[int, ...] | None = imagenet_resnet18_smallest_map(shape)
+    else:  # one image through the model (on "meta" the first call would cost 1.3 s of imports)
+        smallest = smallest_batchnorm_map(build_model(name, shape, 2), shape)
+    note = feature_map_problem(smallest, name, shape, cfg.batch_size)
     if note:
         print(f"warning: {note}", file=sys.stderr)
 
