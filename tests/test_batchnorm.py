@@ -148,3 +148,16 @@ def test_check_command_warns_about_resnet18_imagenet_on_fashion_mnist(capsys, tm
     assert "warning: model 'resnet18-imagenet' reduces 1x28x28 inputs to a 1x1 feature map" in capsys.readouterr().err
     assert check_main(["--run-config", data + " model='resnet18'"]) == 0  # 28 -> 4x4: no warning
     assert "warning" not in capsys.readouterr().err
+
+
+def test_serverapp_refuses_batch_size_1_at_a_1x1_map_before_any_round(tmp_path):
+    from fedvls_flwr.app.server import run_experiment
+
+    class UntouchedGrid:
+        def __getattr__(self, name):
+            pytest.fail(f"the grid was used ({name}) before the config was refused")
+
+    cfg = RunConfig(dataset="digits", model="mobilenetv2", batch_size=1, output_dir=str(tmp_path), run_name="r")
+    with pytest.raises(ConfigError, match="'batch-size' = 1: model 'mobilenetv2' reduces 1x8x8 inputs"):
+        run_experiment(UntouchedGrid(), cfg)
+    assert not (tmp_path / "r").exists()  # no run folder written
