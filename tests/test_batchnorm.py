@@ -161,3 +161,11 @@ def test_serverapp_refuses_batch_size_1_at_a_1x1_map_before_any_round(tmp_path):
     with pytest.raises(ConfigError, match="'batch-size' = 1: model 'mobilenetv2' reduces 1x8x8 inputs"):
         run_experiment(UntouchedGrid(), cfg)
     assert not (tmp_path / "r").exists()  # no run folder written
+
+
+def test_check_command_warns_about_partitions_of_one_sample_with_a_batchnorm_model(capsys):
+    tiny = "partition='shards' shards-per-client=1 train-pool-size=20"  # 19 shards of 20 samples
+    assert check_main(["--run-config", f"{tiny} model='resnet32'", "--num-supernodes", "19"]) == 0
+    assert "hold fewer than 2 samples: with the BatchNorm model 'resnet32'" in capsys.readouterr().err
+    assert check_main(["--run-config", f"{tiny} model='mlp'", "--num-supernodes", "19"]) == 0
+    assert "warning" not in capsys.readouterr().err

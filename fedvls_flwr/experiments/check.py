@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedvls_flwr.config.args import parse_run_config_args
-from fedvls_flwr.config.run_config import ConfigError, RunConfig, parse_run_config
+from fedvls_flwr.config.run_config import ConfigError, RunConfig, model_name, parse_run_config
 
 if TYPE_CHECKING:
     from fedvls_flwr.data.bundle import DatasetBundle
@@ -90,17 +90,17 @@ def check_cuda(cfg: RunConfig) -> None:
             )
 
 
-def check_model(cfg: RunConfig, bundle: DatasetBundle | None) -> None:
+def check_model(cfg: RunConfig, bundle: DatasetBundle | None) -> bool:
     """The model for the dataset's input size, as the ServerApp checks it before any round:
-    a BatchNorm layer at a 1x1 feature map is a warning (stderr), with ``batch-size`` 1 an error."""
+    a BatchNorm layer at a 1x1 feature map is a warning (stderr), with ``batch-size`` 1 an error.
+    Returns whether the model has BatchNorm."""
     if cfg.dataset == "synthetic":
-        return  # vectors: only mlp / logreg apply
+        return False  # vectors: only mlp / logreg apply
     from fedvls_flwr.algorithms.batchnorm import (
         feature_map_problem,
         imagenet_resnet18_smallest_map,
         smallest_batchnorm_map,
     )
-    from fedvls_flwr.config.run_config import model_name
     from fedvls_flwr.data.datasets import image_format
     from fedvls_flwr.models import build_model
 
@@ -113,6 +113,7 @@ def check_model(cfg: RunConfig, bundle: DatasetBundle | None) -> None:
     note = feature_map_problem(smallest, name, shape, cfg.batch_size)
     if note:
         print(f"warning: {note}", file=sys.stderr)
+    return smallest is not None
 
 
 def check_run_config(
@@ -134,11 +135,15 @@ def check_run_config(
         return cfg
     from fedvls_flwr.data.node_data import dataset_for, partitions_for
 
-    check_model(cfg, dataset_for(cfg))
+    batchnorm = check_model(cfg, dataset_for(cfg))
     if num_supernodes is None:
         return cfg
     if cfg.dataset != "synthetic":
-        partitions_for(cfg, num_supernodes)
+        tiny = [i for i, part in enumerate(partitions_for(cfg, num_supernodes)) if len(part) < 2]
+        if batchnorm and tiny:
+            print(f"warning: partition(s) {', '.join(map(str, tiny))} hold fewer than 2 samples: with the "
+                  f"BatchNorm model {model_name(cfg)!r} their training fails in every round they are sampled "
+                  "(see docs/datasets-and-models.md, 'BatchNorm and the last batch')", file=sys.stderr)
     elif num_supernodes != cfg.synthetic_clients:
         raise ConfigError(
             f"run config 'synthetic-clients' = {cfg.synthetic_clients}: dataset synthetic has one "
