@@ -194,7 +194,10 @@ def train_local(
     configured objective and local optimizer.
 
     ``generator`` (CPU) fixes the batch order and the augmentation draws, so a run is
-    reproducible from its seed. ``cfg.augment`` only has an effect on uint8 image data
+    reproducible from its seed. Batches are consecutive slices of ``batch-size`` of each
+    epoch's shuffled order; for a BatchNorm model a last batch of fewer than half a batch
+    joins the one before, and fewer than 2 samples raise TooFewSamplesError (batchnorm.py).
+    ``cfg.augment`` only has an effect on uint8 image data
     (``data.mean``/``data.std`` given); data stored normalised pass through unchanged.
     ``cfg.amp`` enables bfloat16 autocast when ``device`` is CUDA (see the module docstring).
     ``cache_teacher=False`` forces the teacher's forward pass on every batch (the reference
