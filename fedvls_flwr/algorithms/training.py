@@ -33,6 +33,7 @@ from fedvls_flwr.models import FeatureTap, ProjectionModel
 
 if TYPE_CHECKING:
     from fedvls_flwr.algorithms.local_optim import SAMStep, SGDStep
+from fedvls_flwr.algorithms.batchnorm import batch_bounds, has_batchnorm
 from fedvls_flwr.algorithms.objectives import Objective, build_objective
 from fedvls_flwr.algorithms.sgd import LocalSGD
 
@@ -193,7 +194,10 @@ def train_local(
     configured objective and local optimizer.
 
     ``generator`` (CPU) fixes the batch order and the augmentation draws, so a run is
-    reproducible from its seed. ``cfg.augment`` only has an effect on uint8 image data
+    reproducible from its seed. Batches are consecutive slices of ``batch-size`` of each
+    epoch's shuffled order; for a BatchNorm model a last batch of fewer than half a batch
+    joins the one before, and fewer than 2 samples raise TooFewSamplesError (batchnorm.py).
+    ``cfg.augment`` only has an effect on uint8 image data
     (``data.mean``/``data.std`` given); data stored normalised pass through unchanged.
     ``cfg.amp`` enables bfloat16 autocast when ``device`` is CUDA (see the module docstring).
     ``cache_teacher=False`` forces the teacher's forward pass on every batch (the reference
@@ -203,6 +207,9 @@ def train_local(
     state = state if state is not None else ClientState()
     model.to(device)
     x, y = to_device(data.x, device), to_device(data.y, device)
+    n = x.shape[0]
+    # BatchNorm: no step on a tiny last batch (it joins the one before; see batchnorm.py)
+    bounds = batch_bounds(n, cfg.batch_size, batchnorm=has_batchnorm(model))
     counts = torch.bincount(y, minlength=data.num_classes)
     objective: Objective = build_objective(cfg.method, counts, method_params(cfg))
     transform = make_batch_transform(data.mean, data.std, train=True, augment=cfg.augment, generator=generator)
@@ -235,15 +242,14 @@ def train_local(
         return optimizer.step(closure)
 
     model.train()
-    n = x.shape[0]
     # sum over samples of each term (term_names order); the loss is their sum
     term_sums = torch.zeros(len(objective.term_names), device=device)
     steps = 0
     try:
         for _ in range(cfg.local_epochs):
             order = torch.randperm(n, generator=generator).to(device)
-            for start in range(0, n, cfg.batch_size):
-                idx = order[start : start + cfg.batch_size]
+            for start, stop in bounds:
+                idx = order[start:stop]
                 term_sums.add_(step(idx), alpha=idx.shape[0])
                 steps += 1
             if not torch.isfinite(term_sums).all():

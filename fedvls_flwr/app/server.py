@@ -25,6 +25,7 @@ from flwr.app import ArrayRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from fedvls_flwr.algorithms.batchnorm import feature_map_problem, smallest_batchnorm_map
 from fedvls_flwr.algorithms.device import gpu_left_unused, set_deterministic
 from fedvls_flwr.algorithms.diagnostics import local_update_view
 from fedvls_flwr.algorithms.run_model import build_run_model
@@ -126,6 +127,11 @@ class ServerRun:
         self.device = server_device(cfg)
         torch.manual_seed(cfg.seed)
         self.model = build_run_model(cfg, self.input_shape, self.num_classes)
+        # before any round: a 1x1 map at a BatchNorm layer warns (batch-size 1 there: ConfigError)
+        smallest = smallest_batchnorm_map(self.model, self.input_shape)
+        note = feature_map_problem(smallest, model_name(cfg), self.input_shape, cfg.batch_size)
+        if note:
+            log(WARNING, "%s", note)
         with self.results_written():
             self.writer = RunWriter(self.run_dir)
             self.writer.rounds = saved_rounds

@@ -26,11 +26,14 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedvls_flwr.app.tracking import check_tracking
 from fedvls_flwr.config.args import parse_run_config_args
-from fedvls_flwr.config.run_config import ConfigError, RunConfig, parse_run_config
+from fedvls_flwr.config.run_config import ConfigError, RunConfig, model_name, parse_run_config
+
+if TYPE_CHECKING:
+    from fedvls_flwr.data.bundle import DatasetBundle
 
 PROJECT_DIR = Path(__file__).resolve().parents[2]
 
@@ -89,6 +92,32 @@ def check_cuda(cfg: RunConfig) -> None:
                 )
 
 
+def check_model(cfg: RunConfig, bundle: DatasetBundle | None) -> bool:
+    """The model for the dataset's input size, as the ServerApp checks it before any round:
+    a BatchNorm layer at a 1x1 feature map is a warning (stderr), with ``batch-size`` 1 an error.
+    Returns whether the model has BatchNorm."""
+    if cfg.dataset == "synthetic":
+        return False  # vectors: only mlp / logreg apply
+    from fedvls_flwr.algorithms.batchnorm import (
+        feature_map_problem,
+        imagenet_resnet18_smallest_map,
+        smallest_batchnorm_map,
+    )
+    from fedvls_flwr.data.datasets import image_format
+    from fedvls_flwr.models import build_model
+
+    shape = tuple(bundle.input_shape) if bundle is not None else tuple(image_format(cfg.dataset).shape)
+    name = model_name(cfg)
+    if name == "resnet18-imagenet":  # the same answer without importing torchvision
+        smallest: tuple[int, ...] | None = imagenet_resnet18_smallest_map(shape)
+    else:  # one image through the model (on "meta" the first call would cost 1.3 s of imports)
+        smallest = smallest_batchnorm_map(build_model(name, shape, 2), shape)
+    note = feature_map_problem(smallest, name, shape, cfg.batch_size)
+    if note:
+        print(f"warning: {note}", file=sys.stderr)
+    return smallest is not None
+
+
 def check_run_config(
     overrides: dict[str, Any], num_supernodes: int | None = None, data: bool = True, app_dir: Path = PROJECT_DIR,
     this_machine: bool = False,
@@ -105,14 +134,19 @@ def check_run_config(
         check_cuda(cfg)
         check_tracking(cfg)
     if not data:
+        check_model(cfg, None)
         return cfg
     from fedvls_flwr.data.node_data import dataset_for, partitions_for
 
-    dataset_for(cfg)
+    batchnorm = check_model(cfg, dataset_for(cfg))
     if num_supernodes is None:
         return cfg
     if cfg.dataset != "synthetic":
-        partitions_for(cfg, num_supernodes)
+        tiny = [i for i, part in enumerate(partitions_for(cfg, num_supernodes)) if len(part) < 2]
+        if batchnorm and tiny:
+            print(f"warning: partition(s) {', '.join(map(str, tiny))} hold fewer than 2 samples: with the "
+                  f"BatchNorm model {model_name(cfg)!r} their training fails in every round they are sampled "
+                  "(see docs/datasets-and-models.md, 'BatchNorm and the last batch')", file=sys.stderr)
     elif num_supernodes != cfg.synthetic_clients:
         raise ConfigError(
             f"run config 'synthetic-clients' = {cfg.synthetic_clients}: dataset synthetic has one "
