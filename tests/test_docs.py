@@ -111,3 +111,29 @@ def test_commands_and_flags_in_the_docs_exist(where, command, flags):
     text = _help(command)
     missing = [f for f in flags if f not in text]
     assert not missing, f"{where}: `{' '.join(command)}` does not accept {missing}"
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def _links() -> list[tuple[str, str]]:
+    out = []
+    for path in DOCS:
+        text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+        out += [(str(path.relative_to(ROOT)), target) for target in re.findall(r"\]\(([^)\s]+)\)", text)
+                if not target.startswith(("http://", "https://", "mailto:"))]
+    return out
+
+
+@pytest.mark.parametrize(("where", "target"), _links(), ids=lambda v: v)
+def test_relative_links_and_anchors_resolve(where, target):
+    file_part, _, anchor = target.partition("#")
+    base = (ROOT / where).parent
+    dest = (base / file_part).resolve() if file_part else ROOT / where
+    assert dest.exists(), f"{where}: link to {target}: {dest} does not exist"
+    if anchor and dest.suffix == ".md":
+        anchors = {_anchor(h) for h in re.findall(r"^#+ (.+)$", dest.read_text(), flags=re.M)}
+        assert anchor in anchors, f"{where}: link to {target}: no heading with anchor #{anchor} in {dest.name}"
