@@ -363,3 +363,43 @@ def test_an_error_reply_from_flower_is_counted_once_for_the_node_it_is_about():
         FlowerErrorGrid([11, 12, 13], None), initial(), on_round_end=lambda r, a, rep: reports.append(rep))
     (failure,) = reports[0].failed
     assert failure["node"] == "12" and "unavailable" in failure["reason"]
+
+
+def test_more_min_nodes_than_a_simulation_has_fails_at_once(monkeypatch):
+    """Issue 26: min-nodes=6 on 4 simulated nodes used to log 'waiting for nodes' every 30 s
+    for ever. A simulation has all its nodes from the start: it fails within the moment
+    Flower takes to register them, naming both numbers and both fixes."""
+    import fedvls_flwr.app.strategy as strategy_module
+
+    monkeypatch.setattr(strategy_module, "is_simulation", lambda grid: True)
+    monkeypatch.setattr(strategy_module, "SIMULATION_REGISTRATION_SECONDS", 0.3)
+    grid = FakeGrid([11, 12, 13, 14], good)
+    t0 = time.monotonic()
+    with pytest.raises(RoundFailedError) as err:
+        CheckedFedAvg(RunConfig(num_server_rounds=1, min_nodes=6)).run(grid, initial(), on_round_end=lambda *a: None)
+    assert time.monotonic() - t0 < 5
+    assert "min-nodes = 6 but this simulation has 4 SuperNode(s)" in str(err.value)
+    assert "num-supernodes=6" in str(err.value) and "min-nodes=4" in str(err.value)
+    assert grid.calls == 0  # nothing was sent
+
+
+def test_the_simulation_grid_is_flowers_in_memory_grid():
+    from flwr.superlink.grid import InMemoryGrid
+
+    from fedvls_flwr.app.messages import is_simulation
+
+    assert is_simulation(InMemoryGrid.__new__(InMemoryGrid))
+    assert not is_simulation(FakeGrid([1], good))
+
+
+def test_a_deployment_short_of_min_nodes_fails_after_min_nodes_timeout_naming_the_partitions():
+    """In a deployment nodes may still come: wait min-nodes-timeout, then fail saying how
+    many came and which partitions they say they are (the only ones the server can know)."""
+    grid = PartitionGrid({901: 0, 455: 2, 17: 3}, good)
+    cfg = RunConfig(num_server_rounds=1, min_nodes=5, min_nodes_timeout=1.0)
+    with pytest.raises(RoundFailedError) as err:
+        CheckedFedAvg(cfg).run(grid, initial(), on_round_end=lambda *a: None)
+    text = str(err.value)
+    assert "only 3 of min-nodes = 5 SuperNodes connected within min-nodes-timeout = 1 s" in text
+    assert "partition id(s) 0, 2, 3" in text and "the missing ones are 1, 4" in text
+    assert all(batch[0].metadata.message_type == "query" for batch in grid.sent)  # no training

@@ -17,10 +17,15 @@ SIMULATION_PULL_INTERVAL = 0.01
 DEPLOYMENT_PULL_INTERVAL = 0.2
 
 
+def is_simulation(grid: Grid) -> bool:
+    """Flower 1.41 runs simulations on its ``InMemoryGrid``, with every node registered
+    when the run starts; any other Grid talks to a SuperLink whose nodes come and go."""
+    return isinstance(grid, InMemoryGrid)
+
+
 def pull_interval(grid: Grid) -> float:
-    """How often to ask ``grid`` for replies: Flower 1.41 runs simulations on its
-    ``InMemoryGrid`` (any other Grid talks to a SuperLink over the network)."""
-    return SIMULATION_PULL_INTERVAL if isinstance(grid, InMemoryGrid) else DEPLOYMENT_PULL_INTERVAL
+    """How often to ask ``grid`` for replies (a lookup in memory, or a request over the network)."""
+    return SIMULATION_PULL_INTERVAL if is_simulation(grid) else DEPLOYMENT_PULL_INTERVAL
 
 
 def exchange(grid: Grid, messages: list[Message], timeout: float, interval: float | None = None) -> list[Message]:

@@ -44,6 +44,7 @@ from fedvls_flwr.app.messages import (
     arrays_in,
     exchange,
     integer,
+    is_simulation,
     metrics_in,
     number,
     numbers,
@@ -53,6 +54,10 @@ from fedvls_flwr.app.messages import (
 )
 from fedvls_flwr.config.registry import part_params
 from fedvls_flwr.config.run_config import RunConfig
+
+#: Seconds a simulation's ServerApp waits for Flower to register its nodes (all at once, in
+#: memory, right after the ServerApp starts) before fewer than min-nodes is final.
+SIMULATION_REGISTRATION_SECONDS = 5.0
 
 
 @dataclass
@@ -184,26 +189,59 @@ class CheckedFedAvg(FedAvg):
 
         ``min-nodes`` is a start condition: before the first round of this server the
         federation is still assembling, so it waits (logging every 30 s) until that many
-        nodes are connected. After that a round uses the nodes connected now - a node
-        that died is gone, a late one joins - and ``min-fit-fraction`` judges the replies.
-        Only when no node is left does it wait, at most ``round-timeout`` seconds.
+        nodes are connected - at most ``min-nodes-timeout`` seconds in a deployment, and
+        only the moment Flower takes to register them in a simulation, whose nodes all
+        exist from the start (more can never come). After that a round uses the nodes
+        connected now - a node that died is gone, a late one joins - and
+        ``min-fit-fraction`` judges the replies. Only when no node is left does it wait,
+        at most ``round-timeout`` seconds.
         """
-        needed = 1 if self._federation_assembled else self.cfg.min_nodes
-        waited = 0.0
+        assembled = self._federation_assembled
+        needed = 1 if assembled else self.cfg.min_nodes
+        simulation = is_simulation(grid)
+        limit = self.cfg.round_timeout if assembled else (
+            SIMULATION_REGISTRATION_SECONDS if simulation else self.cfg.min_nodes_timeout)
+        step = 0.1 if simulation and not assembled else 1.0
+        waited, logged = 0.0, -math.inf
         while len(node_ids := list(grid.get_node_ids())) < needed:
-            if self._federation_assembled and waited >= self.cfg.round_timeout:
-                raise RoundFailedError(
-                    f"no node has been connected for {waited:.0f} s (round-timeout); "
-                    "the results up to the last completed round are saved: restart nodes "
-                    "and continue with resume=true"
-                )
-            if waited % 30 == 0:
+            if waited >= limit:
+                if assembled:
+                    raise RoundFailedError(
+                        f"no node has been connected for {waited:.0f} s (round-timeout); "
+                        "the results up to the last completed round are saved: restart nodes "
+                        "and continue with resume=true"
+                    )
+                raise RoundFailedError(self._too_few_nodes(grid, node_ids, waited, simulation))
+            if waited - logged >= 30 and not simulation:
+                logged = waited
                 log(INFO, "waiting for nodes: %d connected, %d needed%s", len(node_ids), needed,
-                    "" if self._federation_assembled else " (min-nodes) before the first round")
-            time.sleep(1.0)
-            waited += 1.0
+                    "" if assembled else f" (min-nodes) before the first round; the run fails after "
+                    f"min-nodes-timeout = {self.cfg.min_nodes_timeout:g} s")
+            time.sleep(step)
+            waited += step
         self._federation_assembled = True
         return node_ids
+
+    def _too_few_nodes(self, grid: Grid, node_ids: list[int], waited: float, simulation: bool) -> str:
+        """Why the first round cannot start: how many nodes came, which partitions they are."""
+        have, needed = len(node_ids), self.cfg.min_nodes
+        if simulation:
+            return (f"min-nodes = {needed} but this simulation has {have} SuperNode(s) (num-supernodes), "
+                    f"so the first round can never start: lower min-nodes to at most {have} (--run-config "
+                    f"\"min-nodes={have}\"), or simulate more nodes (--federation-config \"num-supernodes={needed}\")")
+        if node_ids:
+            self.learn_partitions(grid, node_ids)  # the connected nodes say which partition they are
+        said = sorted(self.partitions[n] for n in node_ids if n in self.partitions)
+        which = (f"they say partition id(s) {', '.join(map(str, said))}" if said else "none said its partition id")
+        if len(said) < have:
+            which += f" ({have - len(said)} did not answer)"
+        absent = [p for p in range(needed) if p not in said]
+        guess = (f"; if the partitions are numbered 0..{needed - 1}, the missing ones are "
+                 f"{', '.join(map(str, absent))}" if said and absent else "")
+        return (f"only {have} of min-nodes = {needed} SuperNodes connected within min-nodes-timeout = "
+                f"{self.cfg.min_nodes_timeout:g} s ({waited:.0f} s waited); {which}{guess}. No round was run. "
+                "Start the missing SuperNodes (each with its own --node-config partition-id), lower min-nodes, "
+                "or raise min-nodes-timeout, then start the run again")
 
     # ---- aggregation --------------------------------------------------------
     def aggregate_train(

@@ -178,3 +178,16 @@ def parse_node_config(node_config: dict[str, Any]) -> NodeSpec:
     partition_id, num_partitions = as_int("partition-id"), as_int("num-partitions")
     check_partition(partition_id, num_partitions)
     return NodeSpec("partition", "", "", partition_id, num_partitions, None, test_fraction, cache_dir)
+
+
+def check_distinct_sites(specs: list[NodeSpec]) -> None:
+    """Two SuperNodes of one federation must not be the same partition (or site): the server
+    would average that data twice and sample by a partition id it cannot tell apart."""
+    seen: dict[int, int] = {}
+    for i, spec in enumerate(specs):
+        if spec.partition_id in seen:
+            raise NodeDataError(
+                f"node {seen[spec.partition_id]} and node {i} are both partition-id={spec.partition_id} "
+                f"({spec.describe()}): give each SuperNode its own partition-id (0..n-1)"
+            )
+        seen[spec.partition_id] = i

@@ -87,25 +87,75 @@ def check_cuda(cfg: RunConfig) -> None:
             )
 
 
+#: More rounds than this gets a warning: the presets here run at most 300.
+MAX_SANE_ROUNDS = 10_000
+#: A federation size to judge fraction-train by when check is not told one (the largest here).
+TYPICAL_MAX_NODES = 100
+
+
+def check_federation(cfg: RunConfig, num_supernodes: int) -> None:
+    """A run on ``num_supernodes`` nodes can start: ``min-nodes`` is waited for before the
+    first round, and more than the federation has never come."""
+    if cfg.min_nodes > num_supernodes:
+        raise ConfigError(
+            f"run config 'min-nodes' = {cfg.min_nodes} but the federation has {num_supernodes} SuperNode(s) "
+            f"(num-supernodes): the first round would never start; lower min-nodes to at most "
+            f"{num_supernodes}, or use {cfg.min_nodes} nodes or more"
+        )
+
+
+def sampled_per_round(cfg: RunConfig, nodes: int) -> int:
+    """Clients trained per round on ``nodes`` nodes (as the strategy samples: at least one)."""
+    return max(1, int(nodes * cfg.fraction_train + 1e-9))
+
+
+def warnings_for(cfg: RunConfig, num_supernodes: int | None, pool_size: int | None) -> list[str]:
+    """What is allowed but almost surely not meant: a run that would not end, rounds of one client."""
+    said = []
+    if cfg.num_server_rounds > MAX_SANE_ROUNDS:
+        work = ""
+        if pool_size:
+            share = cfg.fraction_train * pool_size * cfg.local_epochs
+            work = (f"; every round trains about {share:.3g} samples ({cfg.fraction_train:g} x {pool_size} "
+                    f"x {cfg.local_epochs} local epochs), {share * cfg.num_server_rounds:.3g} in all")
+        said.append(f"warning: num-server-rounds = {cfg.num_server_rounds} is far beyond the at most 300 "
+                    f"rounds of the presets here{work}: this run would not end in any useful time; "
+                    "set the number of rounds you mean")
+    nodes = num_supernodes or TYPICAL_MAX_NODES
+    if sampled_per_round(cfg, nodes) < 2 and nodes >= 2:
+        federation = (f"of {nodes} nodes" if num_supernodes else f"on any federation up to {nodes} nodes")
+        said.append(f"note: fraction-train = {cfg.fraction_train:g} samples 1 client per round {federation} "
+                    "(at least one is always trained): every round's global model is one client's local "
+                    f"model, nothing is averaged; fraction-train >= {2 / nodes:.3g} samples 2")
+    return said
+
+
 def check_run_config(
     overrides: dict[str, Any], num_supernodes: int | None = None, data: bool = True, app_dir: Path = PROJECT_DIR,
-    this_machine: bool = False,
+    this_machine: bool = False, warn: list[str] | None = None,
 ) -> RunConfig:
     """The validated config, or an exception whose message says what is wrong.
 
     Raises ConfigError (a key), DatasetNotFoundError (the data), PartitionError /
     NodeDataError (the partition for ``num_supernodes`` nodes), and with ``this_machine``
     ConfigError / RunFolderError for CUDA, the output folder and the run folder.
+    ``warn`` (a list) receives what is allowed but looks unmeant (:func:`warnings_for`).
     """
     cfg = parse_run_config({**project_defaults(app_dir), **overrides})
+    if num_supernodes is not None:
+        check_federation(cfg, num_supernodes)
     if this_machine:
         check_output_dir(cfg)
         check_cuda(cfg)
     if not data:
+        if warn is not None:
+            warn.extend(warnings_for(cfg, num_supernodes, None))
         return cfg
     from fedvls_flwr.data.node_data import dataset_for, partitions_for
 
-    dataset_for(cfg)
+    bundle = dataset_for(cfg)
+    if warn is not None:
+        warn.extend(warnings_for(cfg, num_supernodes, len(bundle.train_y)))
     if num_supernodes is None:
         return cfg
     if cfg.dataset != "synthetic":
@@ -130,14 +180,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.num_supernodes is not None and args.num_supernodes < 1:
         parser.error("--num-supernodes must be >= 1")
+    warnings: list[str] = []
     try:
         overrides = parse_run_config_args(args.run_config)
         cfg = check_run_config(overrides, args.num_supernodes, data=not args.no_data,
-                               this_machine=not args.for_other_machine)
+                               this_machine=not args.for_other_machine, warn=warnings)
     except (ValueError, FileNotFoundError) as err:
         # ConfigError (syntax, keys), RunFolderError, PartitionError, NodeDataError, DatasetNotFoundError
         print(f"error: {err}", file=sys.stderr)
         return 2
+    for line in warnings:
+        print(line, file=sys.stderr)
     print(f"ok: {cfg.method} on {cfg.dataset} ({cfg.partition}), {cfg.num_server_rounds} rounds x "
           f"{cfg.local_epochs} local epochs" + ("" if args.no_data else "; data found"))
     return 0

@@ -31,7 +31,7 @@ from fedvls_flwr.config.settings import ConfigError
 # Settings that do not change the experiment (where it ran, how it is named).
 IGNORED_KEYS = {
     "seed", "run-name", "output-dir", "data-dir", "download", "device", "torch-threads",
-    "eval-batch-size", "round-timeout", "min-nodes",
+    "eval-batch-size", "round-timeout", "min-nodes-timeout", "min-nodes",
 }
 # Keys whose values read best in descending order (Table 1: beta 0.5 / 0.1 / 0.05).
 DESCENDING_KEYS = {"dirichlet-beta"}

@@ -47,7 +47,7 @@ RUN_FILE = "sweep-run.json"
 #: long the server waits): two runs that differ only in these are the same experiment.
 NON_IDENTITY_KEYS = frozenset({
     "run-name", "output-dir", "resume", "device", "torch-threads", "eval-batch-size",
-    "round-timeout", "round-retries", "min-nodes",
+    "round-timeout", "min-nodes-timeout", "round-retries", "min-nodes",
 })
 
 
