@@ -156,8 +156,14 @@ def run_preset(
     if report:
         from fedvls_flwr.experiments.report import make_report
 
-        paths = make_report(output_dir, out_dir=output_dir / "report", rows=preset.table_rows, cols=preset.table_cols)
-        log(f"[sweep] report: {output_dir / 'report'}")
+        from fedvls_flwr.experiments.runs import NoRunsError
+
+        try:
+            paths = make_report(output_dir, out_dir=output_dir / "report", rows=preset.table_rows,
+                                cols=preset.table_cols)
+            log(f"[sweep] report: {output_dir / 'report'}")
+        except NoRunsError as err:  # every run failed: their logs are said above
+            log(f"[sweep] no report: {err}")
     return {"statuses": statuses, "report": paths}
 
 
