@@ -155,7 +155,6 @@ def run_preset(
     paths = {}
     if report:
         from fedvls_flwr.experiments.report import make_report
-
         from fedvls_flwr.experiments.runs import NoRunsError
 
         try:
