@@ -403,3 +403,27 @@ def test_a_deployment_short_of_min_nodes_fails_after_min_nodes_timeout_naming_th
     assert "only 3 of min-nodes = 5 SuperNodes connected within min-nodes-timeout = 1 s" in text
     assert "partition id(s) 0, 2, 3" in text and "the missing ones are 1, 4" in text
     assert all(batch[0].metadata.message_type == "query" for batch in grid.sent)  # no training
+
+
+def test_two_supernodes_of_one_partition_are_not_averaged_twice():
+    """Two SuperNodes given the same partition-id: the second reply of that partition in a
+    round is rejected, naming both nodes and the fix (its data would otherwise count twice)."""
+    def respond(node, attempt):
+        return reply(node, arrays(1.0), 10, **{"partition-id": {11: 0, 12: 1, 13: 1}[node]})
+
+    reports = []
+    CheckedFedAvg(RunConfig(num_server_rounds=1)).run(
+        FakeGrid([11, 12, 13], respond), initial(), on_round_end=lambda r, a, rep: reports.append(rep))
+    assert reports[0].accepted == 2 and len(reports[0].rejected) == 1
+    rejected = reports[0].rejected[0]
+    assert rejected["node"] == "13" and rejected["partition_id"] == 1
+    assert "partition 1 is also node 12's: two SuperNodes were given the same partition-id" in rejected["reason"]
+
+
+def test_the_start_message_says_duplicates_and_what_did_not_answer():
+    from fedvls_flwr.app.federation import too_few_nodes
+
+    text = too_few_nodes(4, 60.0, 3, [1, 1], 60.0, simulation=False)
+    assert "only 3 of min-nodes = 4" in text and "partition id(s) 1, 1 (1 did not answer)" in text
+    assert "partition id(s) 1 said by two nodes" in text and "the missing ones are 0, 2, 3" in text
+    assert "none said its partition id" in too_few_nodes(4, 60.0, 0, [], 60.0, simulation=False)

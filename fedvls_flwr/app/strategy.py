@@ -40,6 +40,7 @@ from fedvls_flwr.algorithms.aggregation import (
 from fedvls_flwr.algorithms.server_optim import build_server_optimizer
 from fedvls_flwr.app import protocol
 from fedvls_flwr.app.events import ROUND_START, emit
+from fedvls_flwr.app.federation import same_partition, too_few_nodes
 from fedvls_flwr.app.messages import (
     arrays_in,
     exchange,
@@ -153,6 +154,10 @@ class CheckedFedAvg(FedAvg):
                 metrics = metrics_in(reply.content, protocol.METRICS)
                 if protocol.PARTITION_ID in metrics:
                     self.partitions[reply.metadata.src_node_id] = integer(metrics[protocol.PARTITION_ID])
+        for node in unknown:
+            if (twin := same_partition(self.partitions, node, node_ids)) is not None and node > twin:
+                log(WARNING, "%s and node %d say the same partition-id: only one reply per partition is "
+                    "used in a round; give each SuperNode its own partition-id", self._name(node), twin)
         missing = [n for n in unknown if n not in self.partitions]
         if missing:
             log(WARNING, "%d node(s) did not say their partition id; they are sampled after the others", len(missing))
@@ -223,25 +228,13 @@ class CheckedFedAvg(FedAvg):
         return node_ids
 
     def _too_few_nodes(self, grid: Grid, node_ids: list[int], waited: float, simulation: bool) -> str:
-        """Why the first round cannot start: how many nodes came, which partitions they are."""
-        have, needed = len(node_ids), self.cfg.min_nodes
-        if simulation:
-            return (f"min-nodes = {needed} but this simulation has {have} SuperNode(s) (num-supernodes), "
-                    f"so the first round can never start: lower min-nodes to at most {have} (--run-config "
-                    f"\"min-nodes={have}\"), or simulate more nodes (--federation-config \"num-supernodes={needed}\")")
-        if node_ids:
-            self.learn_partitions(grid, node_ids)  # the connected nodes say which partition they are
-        said = sorted(self.partitions[n] for n in node_ids if n in self.partitions)
-        which = (f"they say partition id(s) {', '.join(map(str, said))}" if said else "none said its partition id")
-        if len(said) < have:
-            which += f" ({have - len(said)} did not answer)"
-        absent = [p for p in range(needed) if p not in said]
-        guess = (f"; if the partitions are numbered 0..{needed - 1}, the missing ones are "
-                 f"{', '.join(map(str, absent))}" if said and absent else "")
-        return (f"only {have} of min-nodes = {needed} SuperNodes connected within min-nodes-timeout = "
-                f"{self.cfg.min_nodes_timeout:g} s ({waited:.0f} s waited); {which}{guess}. No round was run. "
-                "Start the missing SuperNodes (each with its own --node-config partition-id), lower min-nodes, "
-                "or raise min-nodes-timeout, then start the run again")
+        """Why the first round cannot start; a deployment's connected nodes are asked which
+        partitions they are (the server knows no more than what they say)."""
+        if not simulation and node_ids:
+            self.learn_partitions(grid, node_ids)
+        said = [self.partitions[n] for n in node_ids if n in self.partitions]
+        return too_few_nodes(self.cfg.min_nodes, self.cfg.min_nodes_timeout, len(node_ids), said, waited,
+                             simulation)
 
     # ---- aggregation --------------------------------------------------------
     def aggregate_train(
@@ -266,6 +259,12 @@ class CheckedFedAvg(FedAvg):
             if reply is not None and reference is not None:
                 problem = check_reply(reply, reference)
             if problem is not None or reply is None:
+                self.report.rejected.append(self._who(node_id, problem))
+                log(WARNING, "round %d: rejected the reply of %s: %s", server_round, self._name(node_id), problem)
+                continue
+            if (twin := same_partition(self.partitions, node_id, [int(r.client) for r in accepted])) is not None:
+                problem = (f"partition {self.partitions[node_id]} is also node {twin}'s: two SuperNodes were given "
+                           "the same partition-id (its data would count twice); give each its own partition-id")
                 self.report.rejected.append(self._who(node_id, problem))
                 log(WARNING, "round %d: rejected the reply of %s: %s", server_round, self._name(node_id), problem)
                 continue

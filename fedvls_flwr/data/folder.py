@@ -72,11 +72,19 @@ def folder_image_list(root: Path, classes: tuple[str, ...] | list[str]) -> list[
             f"so every node must use the same list) or move the folders out"
         )
     out: list[tuple[str, int]] = []
+    seen = {_folder_id(root): root}  # every folder read, by (device, inode): links are followed
     for label, name in enumerate(classes):
         base = root / name
         if not base.is_dir():
             continue  # vacant class on this node
         for dirpath, dirnames, filenames in os.walk(base, followlinks=True):
+            again = seen.setdefault(_folder_id(Path(dirpath)), Path(dirpath))
+            if again != Path(dirpath):
+                raise ValueError(
+                    f"folder dataset {root}: {dirpath} is the folder {again} again (through a symbolic link): "
+                    "its images would be read twice, or for ever in a loop; remove the link, or copy the "
+                    "images into the class folder they belong to"
+                )
             dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
             rel_dir = Path(dirpath).relative_to(root)
             for fname in sorted(filenames):
@@ -86,6 +94,11 @@ def folder_image_list(root: Path, classes: tuple[str, ...] | list[str]) -> list[
         raise DatasetNotFoundError(f"folder dataset {root}: no images found. " + _folder_help(root, classes))
     out.sort()
     return out
+
+
+def _folder_id(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_dev, st.st_ino
 
 
 def _decode_folder_image(path: Path, size: tuple[int, int], mode: str) -> np.ndarray:
@@ -123,7 +136,12 @@ def load_image_folder(root: Path, classes: tuple[str, ...] | list[str], fmt: Ima
         try:
             raw[i] = _decode_folder_image(path, (height, width), mode)
         except Exception as e:  # noqa: BLE001 - PIL raises many types for a bad file
-            raise DatasetNotFoundError(f"folder dataset: cannot read image {path}: {type(e).__name__}: {e}") from e
+            broken = " (a symbolic link that leads to no file)" if path.is_symlink() and not path.exists() else ""
+            raise DatasetNotFoundError(
+                f"folder dataset: cannot read image {path}{broken}: {type(e).__name__}: {e}; replace it with a "
+                "readable image or remove it (files that are not images belong outside the class folders, "
+                "or under a name without an image extension)"
+            ) from e
 
     workers = max(1, min(8, os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=workers) as ex:  # PIL releases the GIL while decoding
