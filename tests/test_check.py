@@ -222,3 +222,27 @@ def test_rounds_that_would_never_end_and_rounds_of_one_client_are_said(capsys):
     assert "samples 1 client per round of 10 nodes" in capsys.readouterr().err
     assert main(["--run-config", "fraction-train=0.2", "--num-supernodes", "10", "--no-data"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_deploy_launcher_lists_node_data_folders_before_starting(tmp_path, capsys, monkeypatch):
+    """--node-data folders are listed (no image read) before anything starts: a symlink loop,
+    a class folder not in --classes, an empty folder stop the launcher naming node and path."""
+    from fedvls_flwr.deploy import cli as deploy
+
+    monkeypatch.setattr(LocalSuperLink, "start", lambda *a, **k: pytest.fail("a process was started"))
+    good, loop, stray = tmp_path / "good", tmp_path / "loop", tmp_path / "stray"
+    for site in (good, loop, stray):
+        (site / "0").mkdir(parents=True)
+        (site / "0" / "a.png").write_bytes(b"")  # listed, not read
+    (loop / "0" / "again").symlink_to(loop / "0")
+    (stray / "eleven").mkdir()
+    classes = ["--classes", ",".join(map(str, range(10)))]
+    assert deploy.main(["local", "--insecure", "--node-data", str(good), str(loop), *classes]) == 2
+    err = capsys.readouterr().err
+    assert "nothing started: node 1 (node-local folder data in" in err
+    assert f"{loop}/0/again is the folder {loop}/0 again" in err
+    assert deploy.main(["local", "--insecure", "--node-data", str(good), str(stray), *classes]) == 2
+    assert "class folder(s) eleven are not in the class list" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert deploy.main(["local", "--insecure", "--node-data", str(good), str(tmp_path / "empty"), *classes]) == 2
+    assert f"folder dataset {tmp_path / 'empty'}: no images found" in capsys.readouterr().err

@@ -191,3 +191,17 @@ def check_distinct_sites(specs: list[NodeSpec]) -> None:
                 f"({spec.describe()}): give each SuperNode its own partition-id (0..n-1)"
             )
         seen[spec.partition_id] = i
+
+
+def check_node_folders(specs: list[NodeSpec]) -> None:
+    """Each node-local image folder lists as a class tree (no image is read): a missing or
+    empty folder, a class folder outside the class list, a symbolic-link loop fail here,
+    before a launcher starts anything. Raises ValueError / DatasetNotFoundError naming the node."""
+    from fedvls_flwr.data.folder_tree import folder_image_list
+
+    for i, spec in enumerate(specs):
+        if spec.form == "local" and spec.dataset == FOLDER and spec.classes is not None:
+            try:
+                folder_image_list(Path(spec.data_dir), spec.classes)
+            except ValueError as err:
+                raise NodeDataError(f"node {i} ({spec.describe()}): {err}") from None
