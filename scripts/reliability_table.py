@@ -53,6 +53,8 @@ class Result:
 
 def normalise(text: str, tmp: Path) -> str:
     """Machine-specific paths replaced, so that the page reads the same on every machine."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)  # Flower's log colours
+    text = re.sub(r"\b(node|run) \d{6,}", r"\1 <id>", text)  # Flower's random ids
     text = text.replace(str(tmp), "<tmp>").replace(str(ROOT), "<repo>")
     home = os.path.expanduser("~")
     return text.replace(home + "/", "~/") if home not in ("/", "") else text

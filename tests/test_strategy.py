@@ -172,6 +172,8 @@ def test_failure_reason_is_the_clients_own_message():
 
     wrapped = "<class 'RayTaskError'>:<'Traceback ...\nException ClientAppException occurred. Message: disk full'>"
     assert short_reason(wrapped) == "disk full"
+    deployed = "<class 'fedvls_flwr.data.errors.DatasetNotFoundError'>:<'[partition 1] folder dataset: bad'>"
+    assert short_reason(deployed) == "[partition 1] folder dataset: bad"  # a deployment's ClientApp
     assert short_reason("x" * 1000).endswith("...") and len(short_reason("x" * 1000)) == 603
 
 

@@ -3,6 +3,7 @@ weights between Flower's ArrayRecord and numpy (shapes and dtypes kept)."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import numpy as np
@@ -68,6 +69,8 @@ def short_reason(reason: str, limit: int = 600) -> str:
     marker = "Message: "
     if marker in reason:
         reason = reason.rsplit(marker, 1)[1]
+    # a deployment's ClientApp: "<class 'pkg.SomeError'>:<'the message'>"
+    reason = re.sub(r"^\s*<class '[\w.]+'>:<'", "", reason)
     reason = reason.strip().strip("'>").strip()
     return reason if len(reason) <= limit else reason[:limit] + "..."
 
