@@ -26,7 +26,7 @@ def too_few_nodes(needed: int, timeout: float, have: int, said: list[int], waite
     guess = (f"; if the partitions are numbered 0..{needed - 1}, the missing ones are "
              f"{', '.join(map(str, absent))}" if said and absent else "")
     return (f"only {have} of min-nodes = {needed} SuperNodes connected within min-nodes-timeout = "
-            f"{timeout:g} s ({waited:.0f} s waited); {which}{guess}. No round was run. Start the missing "
+            f"{timeout:g} s ({waited:.0f} s waited); {which}{guess}. No round was started. Start the missing "
             "SuperNodes (each with its own --node-config partition-id), lower min-nodes, or raise "
             "min-nodes-timeout, then start the run again")
 
