@@ -4,8 +4,9 @@ runs them and writes the page; ``tests/test_reliability_table.py`` re-runs the f
 
 An input case is a command line (``{tmp}`` = a fresh folder of the case, ``{data}`` = the
 folder holding the real MNIST test split) and, where it needs one, a ``setup`` that writes
-files into ``{tmp}`` first (not timed). ``fast`` marks the check-level cases that load no
-dataset, torch, Flower or Ray (each well under a second): CI compares those with the page.
+files into ``{tmp}`` first (not timed; a run folder is made by the real server code on a fake
+Grid, in this process). ``fast`` marks the check-level cases whose command loads no dataset,
+torch, Flower or Ray (each well under a second): CI compares those with the page.
 """
 
 from __future__ import annotations
@@ -100,10 +101,14 @@ def run_folder(name: str, rounds: int, damage: Callable[[Path], None] | None = N
         from fedvls_flwr.config.run_config import RunConfig
         from tests.test_resume import TrainingGrid
 
-        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+        old = TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1  # messages need one
         cfg = RunConfig(dataset="digits", num_server_rounds=4 if finished else rounds,
                         output_dir=str(tmp / "runs"), run_name=name)
-        run_dir = run_experiment(TrainingGrid(), cfg)
+        try:
+            run_dir = run_experiment(TrainingGrid(), cfg)
+        finally:
+            TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = old
         if not finished:
             (run_dir / "summary.json").unlink()
             (run_dir / "model_final.npz").unlink()
@@ -271,24 +276,24 @@ CASES: tuple[Case, ...] = (
     check("output-under-file", "`output-dir` under a file", "output-dir='{tmp}/afile/runs'", "--no-data",
           setup=write_file("afile", "x")),
     check("run-folder-taken", "run folder already holds a run (resume=false)", "output-dir='{tmp}/runs' run-name='ok'",
-          "--no-data", fast=False, setup=run_folder("ok", 2)),
+          "--no-data", fast=True, setup=run_folder("ok", 2)),
     check("resume-torn-covered", "resume, rounds.jsonl torn inside the checkpointed rounds",
-          "output-dir='{tmp}/runs' run-name='torn' resume=true", "--no-data", fast=False,
+          "output-dir='{tmp}/runs' run-name='torn' resume=true", "--no-data", fast=True,
           setup=run_folder("torn", 2, tear_line(covered=True))),
     check("resume-torn-last", "resume, rounds.jsonl torn after the checkpoint's round",
-          "output-dir='{tmp}/runs' run-name='tornlast' resume=true", "--no-data", fast=False,
+          "output-dir='{tmp}/runs' run-name='tornlast' resume=true", "--no-data", fast=True,
           setup=run_folder("tornlast", 2, tear_line(covered=False))),
     check("resume-truncated-ckpt", "resume, truncated checkpoint.npz",
-          "output-dir='{tmp}/runs' run-name='ckpt' resume=true", "--no-data", fast=False,
+          "output-dir='{tmp}/runs' run-name='ckpt' resume=true", "--no-data", fast=True,
           setup=run_folder("ckpt", 2, truncate_checkpoint)),
     check("resume-garbage-state", "resume, garbage state.json",
-          "output-dir='{tmp}/runs' run-name='state' resume=true", "--no-data", fast=False,
+          "output-dir='{tmp}/runs' run-name='state' resume=true", "--no-data", fast=True,
           setup=run_folder("state", 2, lambda d: (d / "state.json").write_text("\x00garbage"))),
     check("resume-moved", "resume, folder moved to another output-dir",
-          "output-dir='{tmp}/new' run-name='ok' resume=true num-server-rounds=4", "--no-data", fast=False,
+          "output-dir='{tmp}/new' run-name='ok' resume=true num-server-rounds=4", "--no-data", fast=True,
           setup=moved),
     check("resume-other-lr", "resume with other settings (lr changed)",
-          "output-dir='{tmp}/runs' run-name='ok' resume=true lr=0.5", "--no-data", fast=False,
+          "output-dir='{tmp}/runs' run-name='ok' resume=true lr=0.5", "--no-data", fast=True,
           setup=run_folder("ok", 2)),
     # new in round three (issue 26)
     check("min-nodes-above", "`min-nodes=6` on 4 nodes (new)", "min-nodes=6", "--num-supernodes", "4", "--no-data"),
@@ -356,6 +361,8 @@ CASES: tuple[Case, ...] = (
     # a good config
     check("good", "a good config (digits, with data and split)", "method='fedavg'", "--num-supernodes", "10",
           fast=False),
+    check("good-mnist10k", "a good config on the real mnist10k (with data and split)",
+          "method='fedavg' dataset='mnist10k' data-dir='{data}'", "--num-supernodes", "10", fast=False),
 )
 
 

@@ -140,11 +140,17 @@ def run_fault(fault: Fault) -> str:
     return f"| {fault.id} | {fault.fault} | {cell(fault.happens)} | {tests} | {verdict} | {seconds:.0f} |"
 
 
-def write_table(name: str, header: str, rows: dict[str, str], order: list[str], stamp: str) -> None:
+def write_table(name: str, header: str, rows: dict[str, str], order: list[str], stamp: str,
+                partial: bool = False) -> None:
+    """The table between its markers; a partial run keeps the stamp of the last whole run
+    and says which rows it measured again after it."""
     text = PAGE.read_text()
     start, end = MARKERS[name]
     if start not in text:
         raise SystemExit(f"{PAGE} lacks the marker {start!r}")
+    stamps = [line for line in text.split(start, 1)[1].split(end, 1)[0].splitlines() if line.startswith("*")]
+    if partial and stamps:
+        stamp = f"{stamps[0]}\n{stamp}"
     table = "\n".join([stamp, "", header, *(rows[i] for i in order if i in rows)])
     head, rest = text.split(start, 1)
     PAGE.write_text(f"{head}{start}\n{table}\n{end}{rest.split(end, 1)[1]}")
@@ -155,7 +161,7 @@ def stamp(what: str, count: int) -> str:
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
                            text=True).stdout.strip()
     load = os.getloadavg()[0]
-    return (f"*{count} {what} measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on commit "
+    return (f"*{count} {what}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on commit "
             f"{commit.strip()}{' (with local changes)' if dirty else ''}, {os.cpu_count()} CPU cores, "
             f"load average {load:.1f} at the end.*")
 
@@ -180,16 +186,18 @@ def main(argv: list[str] | None = None) -> int:
         rows[case.id] = input_row(case, result)
         print(f"{case.id:28} exit {result.exit:3}  {result.seconds:6.1f} s  {result.message[:110]}", flush=True)
     if cases:
-        write_table("inputs", INPUT_HEADER, rows, [c.id for c in CASES],
-                    stamp("input cases (this table's newest rows)", len(cases)) if args.only or args.fast else
-                    stamp("input cases", len(cases)))
+        partial = bool(args.only or args.fast)
+        what = f"input case(s) measured again ({', '.join(c.id for c in cases)})" if args.only else \
+            "fast input cases measured again" if args.fast else "input cases"
+        write_table("inputs", INPUT_HEADER, rows, [c.id for c in CASES], stamp(what, len(cases)), partial)
     faults = [f for f in FAULTS if args.faults and (not args.only or f.id in args.only)]
     if faults:
         fault_rows = read_rows("faults")
         for fault in faults:
             fault_rows[fault.id] = run_fault(fault)
             print(fault_rows[fault.id][:160], flush=True)
-        write_table("faults", FAULT_HEADER, fault_rows, [f.id for f in FAULTS], stamp("fault tests", len(faults)))
+        write_table("faults", FAULT_HEADER, fault_rows, [f.id for f in FAULTS], stamp("fault tests", len(faults)),
+                    partial=len(faults) < len(FAULTS))
     print(f"wrote {PAGE}")
     return 0
 

@@ -155,7 +155,8 @@ class CheckedFedAvg(FedAvg):
                 if protocol.PARTITION_ID in metrics:
                     self.partitions[reply.metadata.src_node_id] = integer(metrics[protocol.PARTITION_ID])
         for node in unknown:
-            if (twin := same_partition(self.partitions, node, node_ids)) is not None and node > twin:
+            if (twin := same_partition(self.partitions, node, node_ids)) is not None and (
+                    twin not in unknown or node > twin):  # said once per pair
                 log(WARNING, "%s and node %d say the same partition-id: only one reply per partition is "
                     "used in a round; give each SuperNode its own partition-id", self._name(node), twin)
         missing = [n for n in unknown if n not in self.partitions]
