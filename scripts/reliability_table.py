@@ -150,7 +150,7 @@ def write_table(name: str, header: str, rows: dict[str, str], order: list[str], 
         raise SystemExit(f"{PAGE} lacks the marker {start!r}")
     stamps = [line for line in text.split(start, 1)[1].split(end, 1)[0].splitlines() if line.startswith("*")]
     if partial and stamps:
-        stamp = f"{stamps[0]}\n{stamp}"
+        stamp = f"{stamps[0]}\n\n{stamp}"
     table = "\n".join([stamp, "", header, *(rows[i] for i in order if i in rows)])
     head, rest = text.split(start, 1)
     PAGE.write_text(f"{head}{start}\n{table}\n{end}{rest.split(end, 1)[1]}")

@@ -429,3 +429,5 @@ def test_the_start_message_says_duplicates_and_what_did_not_answer():
     assert "only 3 of min-nodes = 4" in text and "partition id(s) 1, 1 (1 did not answer)" in text
     assert "partition id(s) 1 said by two nodes" in text and "the missing ones are 0, 2, 3" in text
     assert "none said its partition id" in too_few_nodes(4, 60.0, 0, [], 60.0, simulation=False)
+    sites = too_few_nodes(4, 60.0, 2, [1, 1829374651], 60.0, simulation=False)  # a node-local site's hash
+    assert "partition id(s) 1, 1829374651" in sites and "the missing ones" not in sites

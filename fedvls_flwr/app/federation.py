@@ -9,7 +9,8 @@ def too_few_nodes(needed: int, timeout: float, have: int, said: list[int], waite
 
     A simulation has all its nodes from the start, so the fix is a number. A deployment's
     server knows only the partition ids the connected nodes say (from their node config):
-    which ones are missing is a guess it states as one (partitions numbered 0..min-nodes-1).
+    which ones are missing is a guess it states as one (partitions numbered 0..min-nodes-1),
+    and only when every id said fits it (node-local sites without a partition-id say a hash).
     """
     if simulation:
         return (f"min-nodes = {needed} but this simulation has {have} SuperNode(s) (num-supernodes), "
@@ -24,7 +25,7 @@ def too_few_nodes(needed: int, timeout: float, have: int, said: list[int], waite
         which += f"; partition id(s) {', '.join(map(str, twice))} said by two nodes"
     absent = [p for p in range(needed) if p not in said]
     guess = (f"; if the partitions are numbered 0..{needed - 1}, the missing ones are "
-             f"{', '.join(map(str, absent))}" if said and absent else "")
+             f"{', '.join(map(str, absent))}" if said and absent and max(said) < needed else "")
     return (f"only {have} of min-nodes = {needed} SuperNodes connected within min-nodes-timeout = "
             f"{timeout:g} s ({waited:.0f} s waited); {which}{guess}. No round was started. Start the missing "
             "SuperNodes (each with its own --node-config partition-id), lower min-nodes, or raise "
