@@ -158,8 +158,8 @@ def write_table(name: str, header: str, rows: dict[str, str], order: list[str], 
 
 def stamp(what: str, count: int) -> str:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                           text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                            f":!{PAGE.relative_to(ROOT)}"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     load = os.getloadavg()[0]
     return (f"*{count} {what}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on commit "
             f"{commit.strip()}{' (with local changes)' if dirty else ''}, {os.cpu_count()} CPU cores, "
