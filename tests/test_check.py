@@ -176,3 +176,74 @@ def test_deploy_launcher_rejects_what_flower_would_drop(capsys, monkeypatch):
     assert deploy.main(["local", "--insecure", "--nodes", "1", "--node-config", "partition-id=0 num-partitions="]) == 2
     err = capsys.readouterr().err
     assert "nothing started" in err and "--node-config: 'num-partitions=' after 'partition-id=0' has no value" in err
+
+
+# ---- issue 26: runs that can never start, or cannot be meant --------------------------
+
+
+def test_min_nodes_above_the_federation_is_refused_whenever_check_knows_its_size(capsys):
+    """Was: 'ok', then the run logged 'waiting for nodes: 4 connected, 6 needed' for ever."""
+    assert main(["--run-config", "min-nodes=6", "--num-supernodes", "4", "--no-data"]) == 2
+    err = capsys.readouterr().err
+    assert "'min-nodes' = 6 but the federation has 4 SuperNode(s)" in err and "at most 4" in err
+    assert main(["--run-config", "min-nodes=4", "--num-supernodes", "4", "--no-data"]) == 0
+
+
+def test_a_preset_whose_min_nodes_exceeds_its_federation_is_refused(tmp_path):
+    from fedvls_flwr.experiments.preset import PresetError, check_data, load_preset
+
+    (tmp_path / "p.yaml").write_text(
+        "federation: {num-supernodes: 3}\nbase: {min-nodes: 5, dataset: digits}\ngrid: {method: [fedavg]}\n")
+    with pytest.raises(PresetError, match="'min-nodes' = 5 but the federation has 3"):
+        check_data(load_preset(tmp_path / "p.yaml"))
+
+
+def test_deploy_launcher_refuses_min_nodes_above_its_nodes_and_two_nodes_of_one_partition(capsys, monkeypatch):
+    from fedvls_flwr.deploy import cli as deploy
+
+    monkeypatch.setattr(LocalSuperLink, "start", lambda *a, **k: pytest.fail("a process was started"))
+    assert deploy.main(["local", "--insecure", "--nodes", "2", "--run-config", "min-nodes=3"]) == 2
+    assert "'min-nodes' = 3 but the federation has 2 SuperNode(s)" in capsys.readouterr().err
+    same = ["--node-config", "partition-id=1 num-partitions=2"] * 2
+    assert deploy.main(["local", "--insecure", "--nodes", "2", *same]) == 2
+    err = capsys.readouterr().err
+    assert "nothing started" in err and "node 0 and node 1 are both partition-id=1" in err
+
+
+def test_rounds_that_would_never_end_and_rounds_of_one_client_are_said(capsys):
+    """Were: 'ok' without a word (num-server-rounds=1000000000; fraction-train=1e-9 trains one
+    client per round)."""
+    assert main(["--run-config", "num-server-rounds=1000000000", "--num-supernodes", "10"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: num-server-rounds = 1000000000 is far beyond" in err and "samples" in err
+    assert main(["--run-config", "fraction-train=1e-9", "--no-data"]) == 0
+    assert "note: fraction-train = 1e-09 samples 1 client per round on any federation up to 100" in \
+        capsys.readouterr().err
+    assert main(["--run-config", "fraction-train=0.1", "--num-supernodes", "10", "--no-data"]) == 0
+    assert "samples 1 client per round of 10 nodes" in capsys.readouterr().err
+    assert main(["--run-config", "fraction-train=0.2", "--num-supernodes", "10", "--no-data"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_deploy_launcher_lists_node_data_folders_before_starting(tmp_path, capsys, monkeypatch):
+    """--node-data folders are listed (no image read) before anything starts: a symlink loop,
+    a class folder not in --classes, an empty folder stop the launcher naming node and path."""
+    from fedvls_flwr.deploy import cli as deploy
+
+    monkeypatch.setattr(LocalSuperLink, "start", lambda *a, **k: pytest.fail("a process was started"))
+    good, loop, stray = tmp_path / "good", tmp_path / "loop", tmp_path / "stray"
+    for site in (good, loop, stray):
+        (site / "0").mkdir(parents=True)
+        (site / "0" / "a.png").write_bytes(b"")  # listed, not read
+    (loop / "0" / "again").symlink_to(loop / "0")
+    (stray / "eleven").mkdir()
+    classes = ["--classes", ",".join(map(str, range(10)))]
+    assert deploy.main(["local", "--insecure", "--node-data", str(good), str(loop), *classes]) == 2
+    err = capsys.readouterr().err
+    assert "nothing started: node 1 (node-local folder data in" in err
+    assert f"{loop}/0/again is the folder {loop}/0 again" in err
+    assert deploy.main(["local", "--insecure", "--node-data", str(good), str(stray), *classes]) == 2
+    assert "class folder(s) eleven are not in the class list" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert deploy.main(["local", "--insecure", "--node-data", str(good), str(tmp_path / "empty"), *classes]) == 2
+    assert f"folder dataset {tmp_path / 'empty'}: no images found" in capsys.readouterr().err

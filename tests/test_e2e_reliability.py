@@ -128,3 +128,18 @@ def test_unknown_key_is_named_only_in_the_superlink_log_and_by_check(tmp_path):
     out = subprocess.run([sys.executable, "-m", "fedvls_flwr", "check", "--run-config", "lamda-dis=0.1"],
                          capture_output=True, text=True, cwd=PROJECT_DIR)
     assert out.returncode == 2 and "unknown run config key 'lamda-dis' (did you mean 'lambda-dis'?)" in out.stderr
+
+
+def test_min_nodes_above_the_simulation_fails_at_once(tmp_path):
+    """Issue 26: `min-nodes=6` on 4 simulated SuperNodes logged "waiting for nodes: 4
+    connected, 6 needed" every 30 s for ever (and `flwr-simulation` with its Ray processes
+    outlived a stopped SuperLink). A simulation's nodes all exist from the start: the run
+    fails within seconds, naming both numbers, and leaves no process behind."""
+    cfg = {**BASE, "num-server-rounds": 2, "min-nodes": 6, "output-dir": str(tmp_path), "run-name": "r"}
+    federation = {"num-supernodes": 4, "client-resources-num-cpus": 1}
+    with LocalSuperLink(tmp_path / "home") as link:
+        outcome = link.wait(link.submit(run_config=cfg, federation_config=federation), timeout=180)
+    assert outcome.status == "finished:failed", outcome.log[-3000:]
+    assert "min-nodes = 6 but this simulation has 4 SuperNode(s)" in outcome.log
+    assert "num-supernodes=6" in outcome.log
+    assert_none_left((), tmp_path / "home", timeout=30)

@@ -272,3 +272,82 @@ def test_image_format_table_matches_the_loaders():
     for name, shape, k in [("mnist10k", (1, 28, 28), 10), ("cifar100", (3, 32, 32), 100), ("tinyimagenet", (3, 64, 64), 200)]:
         f = D.image_format(name)
         assert (f.shape, f.num_classes) == (shape, k)
+
+
+# ---- issue 26: node data with new inputs ---------------------------------------------------
+def folder_node(root, **extra):
+    return {"dataset": "folder", "data-dir": str(root), "classes": DIGIT_CLASSES, "cache-dir": "", **extra}
+
+
+def test_one_class_other_files_and_other_sizes_work_as_documented(tmp_path):
+    """A site with one class trains on it (the others are vacant); files without an image
+    extension are not read; images of another size are resized to the run's format."""
+    one = tmp_path / "one"
+    write_digit_folder(one, [3], per_class=4)
+    got = N.node_client_data(cfg_for(), folder_node(one))
+    assert got.y.tolist() == [3, 3, 3, 3] and got.num_classes == 10
+
+    mixed = tmp_path / "mixed"
+    write_digit_folder(mixed, [1, 2], per_class=3, size=(50, 40))
+    (mixed / "1" / "notes.txt").write_text("taken on monday")
+    (mixed / "2" / "labels.csv").write_text("a,b\n")
+    (mixed / "README.md").write_text("site a")  # directly under data-dir: not a class
+    got = N.node_client_data(cfg_for(), folder_node(mixed))
+    assert tuple(got.x.shape) == (6, 1, 8, 8) and sorted(got.y.tolist()) == [1, 1, 1, 2, 2, 2]
+
+
+def test_a_class_folder_outside_the_classes_file_is_named(tmp_path):
+    root = tmp_path / "site"
+    write_digit_folder(root, [0], per_class=2)
+    (root / "ten").mkdir()
+    names = tmp_path / "classes.txt"
+    names.write_text("\n".join(str(i) for i in range(10)) + "\n")
+    with pytest.raises(ValueError, match=f"folder dataset {root}: class folder\\(s\\) ten are not in the class list"):
+        N.node_client_data(cfg_for(), {"dataset": "folder", "data-dir": str(root), "classes-file": str(names)})
+
+
+def test_unreadable_image_files_are_named_with_the_fix(tmp_path, monkeypatch):
+    """We run as root, so chmod 000 does not stop a read: a dangling symbolic link, a link
+    to itself, and (monkeypatched) a PermissionError stand for a file that cannot be read."""
+    root = tmp_path / "site"
+    write_digit_folder(root, [1], per_class=2)
+    (root / "1" / "gone.png").symlink_to(tmp_path / "nowhere.png")
+    with pytest.raises(D.DatasetNotFoundError) as err:
+        N.node_client_data(cfg_for(), folder_node(root))
+    assert f"cannot read image {root}/1/gone.png (a symbolic link that leads to no file)" in str(err.value)
+    assert "replace it with a readable image or remove it" in str(err.value)
+    (root / "1" / "gone.png").unlink()
+    (root / "1" / "self.png").symlink_to(root / "1" / "self.png")
+    with pytest.raises(D.DatasetNotFoundError, match="self.png .*Too many levels of symbolic links"):
+        N.node_client_data(cfg_for(), folder_node(root))
+    (root / "1" / "self.png").unlink()
+
+    import fedvls_flwr.data.folder as F
+
+    def denied(path, size, mode):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(F, "_decode_folder_image", denied)
+    with pytest.raises(D.DatasetNotFoundError, match="cannot read image .*0000.png: PermissionError"):
+        N.node_client_data(cfg_for(), folder_node(root))
+
+
+def test_a_directory_named_like_an_image_is_a_sub_folder(tmp_path):
+    root = tmp_path / "site"
+    write_digit_folder(root, [1], per_class=2)
+    (root / "1" / "x.png").mkdir()
+    assert N.node_client_data(cfg_for(), folder_node(root)).num_examples == 2
+
+
+def test_a_symlink_loop_is_refused_not_read_forty_times(tmp_path):
+    """Was: a link from a class folder to itself was followed until the kernel's limit
+    of 40 links: 2 images became 82 samples, silently."""
+    root = tmp_path / "site"
+    write_digit_folder(root, [1], per_class=2)
+    (root / "1" / "again").symlink_to(root / "1")
+    with pytest.raises(ValueError, match=f"{root}/1/again is the folder {root}/1 again \\(through a symbolic link\\)"):
+        N.node_client_data(cfg_for(), folder_node(root))
+    (root / "1" / "again").unlink()
+    (root / "2").symlink_to(root)  # a class folder that is the data folder itself
+    with pytest.raises(ValueError, match=f"{root}/2 is the folder {root} again"):
+        N.node_client_data(cfg_for(), folder_node(root, **{"cache-dir": str(tmp_path / "c")}))

@@ -388,3 +388,45 @@ def test_paired_gap_against_pool_size(tmp_path):
     assert "| mnist10k | 3000 | FedVLS − FedAvg | -1.50 ± 4.95 | s0: -5.00, s1: +2.00 |" in md
     assert "| mnist10k | 60000 | FedVLS − FedAvg | +1.00 ± 4.24 | s0: -2.00, s1: +4.00 |" in md
     assert _is_png(written["gaps_plot"])
+
+
+# ---- issue 26: a report from nothing says so ---------------------------------------------
+def test_report_of_a_path_that_does_not_exist_writes_nothing_and_fails(tmp_path, capsys):
+    """Was: exit 0 and an empty results.csv in a report/ folder created under the path."""
+    from fedvls_flwr.experiments.report import main
+
+    missing = tmp_path / "nope"
+    assert main([str(missing)]) == 2
+    assert f"{missing} does not exist" in capsys.readouterr().err
+    assert not missing.exists()
+
+
+def test_report_of_an_empty_folder_fails(tmp_path, capsys):
+    from fedvls_flwr.experiments.report import main
+
+    assert main([str(tmp_path)]) == 2
+    assert f"no run folder (one with summary.json) found in {tmp_path}; nothing written" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_report_of_runs_still_going_or_failed_names_each_and_why(tmp_path, capsys):
+    from fedvls_flwr.experiments.report import main
+
+    going = tmp_path / "going"
+    going.mkdir()
+    (going / "rounds.jsonl").write_text(json.dumps({"round": 0, "accuracy": 0.1}) + "\n")
+    failed = _write_run(tmp_path / "failed", _config("fedavg", 0), 0.5, 0.4)
+    summary = json.loads((failed / "summary.json").read_text())
+    (failed / "summary.json").write_text(json.dumps({**summary, "status": "failed"}))
+    assert main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "no complete run folder" in err and "nothing written" in err
+    assert f"left out {going}: no summary.json - a run still going" in err
+    assert f"left out {failed}: failed in round 4 (--include-incomplete tabulates it)" in err
+    assert not (tmp_path / "report").exists()
+    # with a complete run beside them, the report is written and the others are named
+    _write_run(tmp_path / "ok", _config("fedavg", 1), 0.6, 0.5)
+    assert main([str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert f"left out {going}: no summary.json" in err and f"left out {failed}: failed" in err
+    assert (tmp_path / "report" / "results.csv").is_file()

@@ -172,11 +172,13 @@ def test_failure_reason_is_the_clients_own_message():
 
     wrapped = "<class 'RayTaskError'>:<'Traceback ...\nException ClientAppException occurred. Message: disk full'>"
     assert short_reason(wrapped) == "disk full"
+    deployed = "<class 'fedvls_flwr.data.errors.DatasetNotFoundError'>:<'[partition 1] folder dataset: bad'>"
+    assert short_reason(deployed) == "[partition 1] folder dataset: bad"  # a deployment's ClientApp
     assert short_reason("x" * 1000).endswith("...") and len(short_reason("x" * 1000)) == 603
 
 
 def test_federated_evaluation_pools_per_class_counts():
-    from fedvls_flwr.app.strategy import pool_evaluations
+    from fedvls_flwr.app.federation import pool_evaluations
 
     a = {"num-examples": 4, "loss-sum": 4.0, "correct-per-class": [2, 1, 0], "total-per-class": [2, 2, 0]}
     b = {"num-examples": 6, "loss-sum": 3.0, "correct-per-class": [0, 0, 3], "total-per-class": [1, 0, 5]}
@@ -363,3 +365,69 @@ def test_an_error_reply_from_flower_is_counted_once_for_the_node_it_is_about():
         FlowerErrorGrid([11, 12, 13], None), initial(), on_round_end=lambda r, a, rep: reports.append(rep))
     (failure,) = reports[0].failed
     assert failure["node"] == "12" and "unavailable" in failure["reason"]
+
+
+def test_more_min_nodes_than_a_simulation_has_fails_at_once(monkeypatch):
+    """Issue 26: min-nodes=6 on 4 simulated nodes used to log 'waiting for nodes' every 30 s
+    for ever. A simulation has all its nodes from the start: it fails within the moment
+    Flower takes to register them, naming both numbers and both fixes."""
+    import fedvls_flwr.app.strategy as strategy_module
+
+    monkeypatch.setattr(strategy_module, "is_simulation", lambda grid: True)
+    monkeypatch.setattr(strategy_module, "SIMULATION_REGISTRATION_SECONDS", 0.3)
+    grid = FakeGrid([11, 12, 13, 14], good)
+    t0 = time.monotonic()
+    with pytest.raises(RoundFailedError) as err:
+        CheckedFedAvg(RunConfig(num_server_rounds=1, min_nodes=6)).run(grid, initial(), on_round_end=lambda *a: None)
+    assert time.monotonic() - t0 < 5
+    assert "min-nodes = 6 but this simulation has 4 SuperNode(s)" in str(err.value)
+    assert "num-supernodes=6" in str(err.value) and "min-nodes=4" in str(err.value)
+    assert grid.calls == 0  # nothing was sent
+
+
+def test_the_simulation_grid_is_flowers_in_memory_grid():
+    from flwr.superlink.grid import InMemoryGrid
+
+    from fedvls_flwr.app.messages import is_simulation
+
+    assert is_simulation(InMemoryGrid.__new__(InMemoryGrid))
+    assert not is_simulation(FakeGrid([1], good))
+
+
+def test_a_deployment_short_of_min_nodes_fails_after_min_nodes_timeout_naming_the_partitions():
+    """In a deployment nodes may still come: wait min-nodes-timeout, then fail saying how
+    many came and which partitions they say they are (the only ones the server can know)."""
+    grid = PartitionGrid({901: 0, 455: 2, 17: 3}, good)
+    cfg = RunConfig(num_server_rounds=1, min_nodes=5, min_nodes_timeout=1.0)
+    with pytest.raises(RoundFailedError) as err:
+        CheckedFedAvg(cfg).run(grid, initial(), on_round_end=lambda *a: None)
+    text = str(err.value)
+    assert "only 3 of min-nodes = 5 SuperNodes connected within min-nodes-timeout = 1 s" in text
+    assert "partition id(s) 0, 2, 3" in text and "the missing ones are 1, 4" in text
+    assert all(batch[0].metadata.message_type == "query" for batch in grid.sent)  # no training
+
+
+def test_two_supernodes_of_one_partition_are_not_averaged_twice():
+    """Two SuperNodes given the same partition-id: the second reply of that partition in a
+    round is rejected, naming both nodes and the fix (its data would otherwise count twice)."""
+    def respond(node, attempt):
+        return reply(node, arrays(1.0), 10, **{"partition-id": {11: 0, 12: 1, 13: 1}[node]})
+
+    reports = []
+    CheckedFedAvg(RunConfig(num_server_rounds=1)).run(
+        FakeGrid([11, 12, 13], respond), initial(), on_round_end=lambda r, a, rep: reports.append(rep))
+    assert reports[0].accepted == 2 and len(reports[0].rejected) == 1
+    rejected = reports[0].rejected[0]
+    assert rejected["node"] == "13" and rejected["partition_id"] == 1
+    assert "partition 1 is also node 12's: two SuperNodes were given the same partition-id" in rejected["reason"]
+
+
+def test_the_start_message_says_duplicates_and_what_did_not_answer():
+    from fedvls_flwr.app.federation import too_few_nodes
+
+    text = too_few_nodes(4, 60.0, 3, [1, 1], 60.0, simulation=False)
+    assert "only 3 of min-nodes = 4" in text and "partition id(s) 1, 1 (1 did not answer)" in text
+    assert "partition id(s) 1 said by two nodes" in text and "the missing ones are 0, 2, 3" in text
+    assert "none said its partition id" in too_few_nodes(4, 60.0, 0, [], 60.0, simulation=False)
+    sites = too_few_nodes(4, 60.0, 2, [1, 1829374651], 60.0, simulation=False)  # a node-local site's hash
+    assert "partition id(s) 1, 1829374651" in sites and "the missing ones" not in sites

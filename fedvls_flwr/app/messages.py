@@ -3,6 +3,7 @@ weights between Flower's ArrayRecord and numpy (shapes and dtypes kept)."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import numpy as np
@@ -18,13 +19,13 @@ DEPLOYMENT_PULL_INTERVAL = 0.2
 
 
 def is_simulation(grid: Grid) -> bool:
-    """Flower 1.41 runs simulations on its ``InMemoryGrid``; any other Grid talks to a
-    SuperLink over the network (a deployment)."""
+    """Flower 1.41 runs simulations on its ``InMemoryGrid``, with every node registered
+    when the run starts; any other Grid talks to a SuperLink whose nodes come and go."""
     return isinstance(grid, InMemoryGrid)
 
 
 def pull_interval(grid: Grid) -> float:
-    """How often to ask ``grid`` for replies."""
+    """How often to ask ``grid`` for replies (a lookup in memory, or a request over the network)."""
     return SIMULATION_PULL_INTERVAL if is_simulation(grid) else DEPLOYMENT_PULL_INTERVAL
 
 
@@ -68,6 +69,8 @@ def short_reason(reason: str, limit: int = 600) -> str:
     marker = "Message: "
     if marker in reason:
         reason = reason.rsplit(marker, 1)[1]
+    # a deployment's ClientApp: "<class 'pkg.SomeError'>:<'the message'>"
+    reason = re.sub(r"^\s*<class '[\w.]+'>:<'", "", reason)
     reason = reason.strip().strip("'>").strip()
     return reason if len(reason) <= limit else reason[:limit] + "..."
 

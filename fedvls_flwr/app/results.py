@@ -35,7 +35,7 @@ CHECKPOINT_ROUND_KEY = "__fedvls_round__"
 #: output-dir and run-name: the folder is the run's identity, not its path - a run folder
 #: moved elsewhere (e.g. off a full disk) continues there.
 RESUMABLE_CHANGES = frozenset({
-    "resume", "num-server-rounds", "round-timeout", "round-retries", "device", "torch-threads",
+    "resume", "num-server-rounds", "round-timeout", "min-nodes-timeout", "round-retries", "device", "torch-threads",
     "output-dir", "run-name", "tracking",
 })
 

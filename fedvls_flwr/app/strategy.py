@@ -40,10 +40,12 @@ from fedvls_flwr.algorithms.aggregation import (
 from fedvls_flwr.algorithms.server_optim import build_server_optimizer
 from fedvls_flwr.app import protocol
 from fedvls_flwr.app.events import ROUND_START, emit
+from fedvls_flwr.app.federation import pool_evaluations, same_partition, too_few_nodes
 from fedvls_flwr.app.messages import (
     arrays_in,
     exchange,
     integer,
+    is_simulation,
     metrics_in,
     number,
     numbers,
@@ -53,6 +55,10 @@ from fedvls_flwr.app.messages import (
 )
 from fedvls_flwr.config.registry import part_params
 from fedvls_flwr.config.run_config import RunConfig
+
+#: Seconds a simulation's ServerApp waits for Flower to register its nodes (all at once, in
+#: memory, right after the ServerApp starts) before fewer than min-nodes is final.
+SIMULATION_REGISTRATION_SECONDS = 5.0
 
 
 @dataclass
@@ -72,25 +78,6 @@ class RoundReport:
     server_step_size: float | None = None  # FedExP's eta_g of the round
     attempts: int = 0
     seconds: float = 0.0
-
-
-def pool_evaluations(replies: list[dict]) -> dict:
-    """Sum per-class correct/total counts of the nodes' evaluations (sample-weighted)."""
-    usable = [r for r in replies if r.get(protocol.NUM_EXAMPLES, 0) > 0 and protocol.TOTAL_PER_CLASS in r]
-    if not usable:
-        return {"accuracy": None, "loss": None, "per_class_accuracy": None, "eval_nodes": 0, "eval_examples": 0}
-    correct = np.sum([np.asarray(r[protocol.CORRECT_PER_CLASS], dtype=np.float64) for r in usable], axis=0)
-    total = np.sum([np.asarray(r[protocol.TOTAL_PER_CLASS], dtype=np.float64) for r in usable], axis=0)
-    n = float(total.sum())
-    with np.errstate(invalid="ignore", divide="ignore"):
-        per_class = np.where(total > 0, correct / np.maximum(total, 1), np.nan)
-    return {
-        "accuracy": float(correct.sum() / n),
-        "loss": float(sum(r[protocol.LOSS_SUM] for r in usable) / n),
-        "per_class_accuracy": [float(v) for v in per_class],
-        "eval_nodes": len(usable),
-        "eval_examples": int(n),
-    }
 
 
 class RoundFailedError(RuntimeError):
@@ -135,10 +122,11 @@ class CheckedFedAvg(FedAvg):
         rng = random.Random(self.cfg.seed * 1_000_003 + server_round)
         return sorted(rng.sample(ordered, k))
 
-    def query_nodes(self, grid: Grid, node_ids: list[int]) -> dict[int, str]:
+    def query_nodes(self, grid: Grid, node_ids: list[int], connected: list[int] | None = None) -> dict[int, str]:
         """Ask ``node_ids`` who they are (one query message each; the ClientApp answers from
-        its node config and torch, without loading data): records their partition ids and
-        returns node id -> the device each would train on."""
+        its node config and torch, without loading data): records their partition ids, warns
+        of two ``connected`` nodes that say the same one, and returns node id -> the device
+        each would train on."""
         record = RecordDict({protocol.CONFIG: self.round_config(0)})
         messages = [Message(content=record, message_type=MessageType.QUERY, dst_node_id=n) for n in node_ids]
         devices: dict[int, str] = {}
@@ -152,6 +140,12 @@ class CheckedFedAvg(FedAvg):
                     self.partitions[node_id] = integer(metrics[protocol.PARTITION_ID])
             if protocol.CLIENT_INFO in reply.content.config_records:
                 devices[node_id] = str(reply.content.config_records[protocol.CLIENT_INFO].get(protocol.DEVICE, "?"))
+        connected = node_ids if connected is None else connected
+        for node in node_ids:
+            if (twin := same_partition(self.partitions, node, connected)) is not None and (
+                    twin not in node_ids or node > twin):  # said once per pair
+                log(WARNING, "%s and node %d say the same partition-id: only one reply per partition is "
+                    "used in a round; give each SuperNode its own partition-id", self._name(node), twin)
         return devices
 
     def learn_partitions(self, grid: Grid, node_ids: list[int]) -> None:
@@ -159,7 +153,7 @@ class CheckedFedAvg(FedAvg):
         unknown = [n for n in node_ids if n not in self.partitions]
         if not unknown:
             return
-        self.query_nodes(grid, unknown)
+        self.query_nodes(grid, unknown, connected=node_ids)
         missing = [n for n in unknown if n not in self.partitions]
         if missing:
             log(WARNING, "%d node(s) did not say their partition id; they are sampled after the others", len(missing))
@@ -201,26 +195,47 @@ class CheckedFedAvg(FedAvg):
 
         ``min-nodes`` is a start condition: before the first round of this server the
         federation is still assembling, so it waits (logging every 30 s) until that many
-        nodes are connected. After that a round uses the nodes connected now - a node
-        that died is gone, a late one joins - and ``min-fit-fraction`` judges the replies.
-        Only when no node is left does it wait, at most ``round-timeout`` seconds.
+        nodes are connected - at most ``min-nodes-timeout`` seconds in a deployment, and
+        only the moment Flower takes to register them in a simulation, whose nodes all
+        exist from the start (more can never come). After that a round uses the nodes
+        connected now - a node that died is gone, a late one joins - and
+        ``min-fit-fraction`` judges the replies. Only when no node is left does it wait,
+        at most ``round-timeout`` seconds.
         """
-        needed = 1 if self._federation_assembled else self.cfg.min_nodes
-        waited = 0.0
+        assembled = self._federation_assembled
+        needed = 1 if assembled else self.cfg.min_nodes
+        simulation = is_simulation(grid)
+        limit = self.cfg.round_timeout if assembled else (
+            SIMULATION_REGISTRATION_SECONDS if simulation else self.cfg.min_nodes_timeout)
+        step = 0.1 if simulation and not assembled else 1.0
+        waited, logged = 0.0, -math.inf
         while len(node_ids := list(grid.get_node_ids())) < needed:
-            if self._federation_assembled and waited >= self.cfg.round_timeout:
-                raise RoundFailedError(
-                    f"no node has been connected for {waited:.0f} s (round-timeout); "
-                    "the results up to the last completed round are saved: restart nodes "
-                    "and continue with resume=true"
-                )
-            if waited % 30 == 0:
+            if waited >= limit:
+                if assembled:
+                    raise RoundFailedError(
+                        f"no node has been connected for {waited:.0f} s (round-timeout); "
+                        "the results up to the last completed round are saved: restart nodes "
+                        "and continue with resume=true"
+                    )
+                raise RoundFailedError(self._too_few_nodes(grid, node_ids, waited, simulation))
+            if waited - logged >= 30 and not simulation:
+                logged = waited
                 log(INFO, "waiting for nodes: %d connected, %d needed%s", len(node_ids), needed,
-                    "" if self._federation_assembled else " (min-nodes) before the first round")
-            time.sleep(1.0)
-            waited += 1.0
+                    "" if assembled else f" (min-nodes) before the first round; the run fails after "
+                    f"min-nodes-timeout = {self.cfg.min_nodes_timeout:g} s")
+            time.sleep(step)
+            waited += step
         self._federation_assembled = True
         return node_ids
+
+    def _too_few_nodes(self, grid: Grid, node_ids: list[int], waited: float, simulation: bool) -> str:
+        """Why the first round cannot start; a deployment's connected nodes are asked which
+        partitions they are (the server knows no more than what they say)."""
+        if not simulation and node_ids:
+            self.learn_partitions(grid, node_ids)
+        said = [self.partitions[n] for n in node_ids if n in self.partitions]
+        return too_few_nodes(self.cfg.min_nodes, self.cfg.min_nodes_timeout, len(node_ids), said, waited,
+                             simulation)
 
     # ---- aggregation --------------------------------------------------------
     def aggregate_train(
@@ -245,6 +260,12 @@ class CheckedFedAvg(FedAvg):
             if reply is not None and reference is not None:
                 problem = check_reply(reply, reference)
             if problem is not None or reply is None:
+                self.report.rejected.append(self._who(node_id, problem))
+                log(WARNING, "round %d: rejected the reply of %s: %s", server_round, self._name(node_id), problem)
+                continue
+            if (twin := same_partition(self.partitions, node_id, [int(r.client) for r in accepted])) is not None:
+                problem = (f"partition {self.partitions[node_id]} is also node {twin}'s: two SuperNodes were given "
+                           "the same partition-id (its data would count twice); give each its own partition-id")
                 self.report.rejected.append(self._who(node_id, problem))
                 log(WARNING, "round %d: rejected the reply of %s: %s", server_round, self._name(node_id), problem)
                 continue

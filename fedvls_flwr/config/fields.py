@@ -45,6 +45,8 @@ class RunConfigFields:
     fraction_train: float = 1.0
     #: nodes to wait for before the first round
     min_nodes: int = 2
+    #: deployment: seconds to wait for min-nodes before the run fails
+    min_nodes_timeout: float = 900.0
     #: seconds to wait for the replies of a round
     round_timeout: float = 3600.0
     #: a round needs usable replies from this fraction of the sampled clients

@@ -51,6 +51,9 @@ GROUPS: tuple[tuple[str, tuple[Setting, ...]], ...] = (
         Setting("fraction-train", 1.0, "fraction of nodes sampled per round (R in the paper)",
                 **between(0, 1, low_open=True)),
         Setting("min-nodes", 2, "nodes to wait for before the first round", **at_least(1)),
+        # A simulation has all its nodes from the start: fewer than min-nodes fails at once.
+        Setting("min-nodes-timeout", 900.0, "deployment: seconds to wait for min-nodes before the run fails",
+                **greater(0, "seconds")),
         Setting("round-timeout", 3600.0, "seconds to wait for the replies of a round", **greater(0, "seconds")),
         Setting("min-fit-fraction", 0.5, "a round needs usable replies from this fraction of the sampled clients",
                 **between(0, 1)),

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedvls_flwr.data.errors import DatasetNotFoundError
 
-class DatasetNotFoundError(FileNotFoundError):
-    """A dataset's files are missing (or unusable); the message says how to get them."""
+__all__ = ["DatasetBundle", "DatasetNotFoundError", "ImageFormat"]
 
 
 @dataclass(frozen=True, eq=False)

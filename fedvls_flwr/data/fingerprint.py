@@ -21,7 +21,14 @@ def _listing(folder: Path) -> list[str]:
     if not folder.is_dir():
         return [f"missing {folder}"]
     out = []
+    seen: set[str] = set()
     for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
+        real = os.path.realpath(dirpath)
+        if real in seen:  # a link back (a loop): the loader refuses it, the listing stops there
+            dirnames[:] = []
+            out.append(f"again {os.path.relpath(dirpath, folder)}")
+            continue
+        seen.add(real)
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
         for fname in filenames:
             if fname.startswith("."):

@@ -178,3 +178,30 @@ def parse_node_config(node_config: dict[str, Any]) -> NodeSpec:
     partition_id, num_partitions = as_int("partition-id"), as_int("num-partitions")
     check_partition(partition_id, num_partitions)
     return NodeSpec("partition", "", "", partition_id, num_partitions, None, test_fraction, cache_dir)
+
+
+def check_distinct_sites(specs: list[NodeSpec]) -> None:
+    """Two SuperNodes of one federation must not be the same partition (or site): the server
+    would average that data twice and sample by a partition id it cannot tell apart."""
+    seen: dict[int, int] = {}
+    for i, spec in enumerate(specs):
+        if spec.partition_id in seen:
+            raise NodeDataError(
+                f"node {seen[spec.partition_id]} and node {i} are both partition-id={spec.partition_id} "
+                f"({spec.describe()}): give each SuperNode its own partition-id (0..n-1)"
+            )
+        seen[spec.partition_id] = i
+
+
+def check_node_folders(specs: list[NodeSpec]) -> None:
+    """Each node-local image folder lists as a class tree (no image is read): a missing or
+    empty folder, a class folder outside the class list, a symbolic-link loop fail here,
+    before a launcher starts anything. Raises ValueError / DatasetNotFoundError naming the node."""
+    from fedvls_flwr.data.folder_tree import folder_image_list
+
+    for i, spec in enumerate(specs):
+        if spec.form == "local" and spec.dataset == FOLDER and spec.classes is not None:
+            try:
+                folder_image_list(Path(spec.data_dir), spec.classes)
+            except ValueError as err:
+                raise NodeDataError(f"node {i} ({spec.describe()}): {err}") from None

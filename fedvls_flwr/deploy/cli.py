@@ -35,7 +35,7 @@ from click import ClickException
 from fedvls_flwr.app.flower_cli import TlsFiles
 from fedvls_flwr.app.launch import PROJECT_DIR
 from fedvls_flwr.app.processes import parse_port_range
-from fedvls_flwr.data.node_config import parse_node_config
+from fedvls_flwr.data.node_config import check_distinct_sites, check_node_folders, parse_node_config
 from fedvls_flwr.deploy.breakdown import BreakdownInputError, breakdown, print_breakdown
 from fedvls_flwr.deploy.certs import make_certificates
 from fedvls_flwr.deploy.fence import FenceError, require_nginx, serve_operator_link, server_block
@@ -185,12 +185,15 @@ def _local(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         configs = node_configs(nodes, args.node_data, args.node_dataset, args.classes, args.node_config,
                                test_fraction=args.test_fraction)
         run_config = parse_config_string(args.run_config)
-        check_run_config(run_config, data=False, app_dir=args.app)
-        for config in configs:
-            parse_node_config(config)
+        # the launcher waits for all its nodes unless told otherwise (run_local's min-nodes)
+        check_run_config({"min-nodes": len(configs), **run_config}, num_supernodes=len(configs), data=False,
+                         app_dir=args.app)
+        specs = [parse_node_config(config) for config in configs]
+        check_distinct_sites(specs)
+        check_node_folders(specs)
         if fence:
             require_nginx()
-    except (ValueError, ClickException, FenceError) as err:
+    except (ValueError, FileNotFoundError, ClickException, FenceError) as err:
         print(f"[deploy] nothing started: {getattr(err, 'message', err)}", file=sys.stderr)
         return 2
     if warning := evaluation_warning(run_config, configs, app_dir=args.app):

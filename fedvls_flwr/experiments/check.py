@@ -92,10 +92,10 @@ def check_cuda(cfg: RunConfig) -> None:
                 )
 
 
-def check_model(cfg: RunConfig, bundle: DatasetBundle | None) -> bool:
+def check_model(cfg: RunConfig, bundle: DatasetBundle | None, warn: list[str]) -> bool:
     """The model for the dataset's input size, as the ServerApp checks it before any round:
-    a BatchNorm layer at a 1x1 feature map is a warning (stderr), with ``batch-size`` 1 an error.
-    Returns whether the model has BatchNorm."""
+    a BatchNorm layer at a 1x1 feature map is a warning (added to ``warn``), with ``batch-size``
+    1 an error. Returns whether the model has BatchNorm."""
     if cfg.dataset == "synthetic":
         return False  # vectors: only mlp / logreg apply
     from fedvls_flwr.algorithms.batchnorm import (
@@ -114,44 +114,97 @@ def check_model(cfg: RunConfig, bundle: DatasetBundle | None) -> bool:
         smallest = smallest_batchnorm_map(build_model(name, shape, 2), shape)
     note = feature_map_problem(smallest, name, shape, cfg.batch_size)
     if note:
-        print(f"warning: {note}", file=sys.stderr)
+        warn.append(f"warning: {note}")
     return smallest is not None
+
+
+#: More rounds than this gets a warning: the presets here run at most 300.
+MAX_SANE_ROUNDS = 10_000
+#: A federation size to judge fraction-train by when check is not told one (the largest here).
+TYPICAL_MAX_NODES = 100
+
+
+def check_federation(cfg: RunConfig, num_supernodes: int) -> None:
+    """A run on ``num_supernodes`` nodes can start: ``min-nodes`` is waited for before the
+    first round, and more than the federation has never come."""
+    if cfg.min_nodes > num_supernodes:
+        raise ConfigError(
+            f"run config 'min-nodes' = {cfg.min_nodes} but the federation has {num_supernodes} SuperNode(s) "
+            f"(num-supernodes): the first round would never start; lower min-nodes to at most "
+            f"{num_supernodes}, or use {cfg.min_nodes} nodes or more"
+        )
+
+
+def sampled_per_round(cfg: RunConfig, nodes: int) -> int:
+    """Clients trained per round on ``nodes`` nodes (as the strategy samples: at least one)."""
+    return max(1, int(nodes * cfg.fraction_train + 1e-9))
+
+
+def warnings_for(cfg: RunConfig, num_supernodes: int | None, pool_size: int | None) -> list[str]:
+    """What is allowed but almost surely not meant: a run that would not end, rounds of one client."""
+    said = []
+    if cfg.num_server_rounds > MAX_SANE_ROUNDS:
+        work = ""
+        if pool_size:
+            share = cfg.fraction_train * pool_size * cfg.local_epochs
+            work = (f"; every round trains about {share:.3g} samples ({cfg.fraction_train:g} x {pool_size} "
+                    f"x {cfg.local_epochs} local epochs), {share * cfg.num_server_rounds:.3g} in all")
+        said.append(f"warning: num-server-rounds = {cfg.num_server_rounds} is far beyond the at most 300 "
+                    f"rounds of the presets here{work}: this run would not end in any useful time; "
+                    "set the number of rounds you mean")
+    nodes = num_supernodes or TYPICAL_MAX_NODES
+    if sampled_per_round(cfg, nodes) < 2 and nodes >= 2:
+        federation = (f"of {nodes} nodes" if num_supernodes else f"on any federation up to {nodes} nodes")
+        said.append(f"note: fraction-train = {cfg.fraction_train:g} samples 1 client per round {federation} "
+                    "(at least one is always trained): every round's global model is one client's local "
+                    f"model, nothing is averaged; fraction-train >= {2 / nodes:.3g} samples 2")
+    return said
 
 
 def check_run_config(
     overrides: dict[str, Any], num_supernodes: int | None = None, data: bool = True, app_dir: Path = PROJECT_DIR,
-    this_machine: bool = False,
+    this_machine: bool = False, warn: list[str] | None = None,
 ) -> RunConfig:
     """The validated config, or an exception whose message says what is wrong.
 
     Raises ConfigError (a key), DatasetNotFoundError (the data), PartitionError /
     NodeDataError (the partition for ``num_supernodes`` nodes), and with ``this_machine``
     ConfigError / RunFolderError for CUDA, the output folder and the run folder.
+    ``warn`` (a list) receives what is allowed but looks unmeant (:func:`warnings_for`).
     """
     cfg = parse_run_config({**project_defaults(app_dir), **overrides})
+    if num_supernodes is not None:
+        check_federation(cfg, num_supernodes)
     if this_machine:
         check_output_dir(cfg)
         check_cuda(cfg)
         check_tracking(cfg)
     if not data:
-        check_model(cfg, None)
-        return cfg
+        if warn is not None:
+            warn.extend(warnings_for(cfg, num_supernodes, None))
+        return cfg  # the model's feature map is checked with the data (--no-data and the deploy tools load no torch)
     from fedvls_flwr.data.node_data import dataset_for, partitions_for
 
-    batchnorm = check_model(cfg, dataset_for(cfg))
+    bundle = dataset_for(cfg)
+    said = warn if warn is not None else []
+    said.extend(warnings_for(cfg, num_supernodes, len(bundle.train_y)))
+    batchnorm = check_model(cfg, bundle, said)
     if num_supernodes is None:
         return cfg
     if cfg.dataset != "synthetic":
         tiny = [i for i, part in enumerate(partitions_for(cfg, num_supernodes)) if len(part) < 2]
         if batchnorm and tiny:
-            print(f"warning: partition(s) {', '.join(map(str, tiny))} hold fewer than 2 samples: with the "
-                  f"BatchNorm model {model_name(cfg)!r} their training fails in every round they are sampled "
-                  "(see docs/datasets-and-models.md, 'BatchNorm and the last batch')", file=sys.stderr)
+            said.append(f"warning: partition(s) {', '.join(map(str, tiny))} hold fewer than 2 samples: with the "
+                        f"BatchNorm model {model_name(cfg)!r} their training fails in every round they are sampled "
+                        "(see docs/datasets-and-models.md, 'BatchNorm and the last batch')")
     elif num_supernodes != cfg.synthetic_clients:
         raise ConfigError(
             f"run config 'synthetic-clients' = {cfg.synthetic_clients}: dataset synthetic has one "
             f"generated client per node, so it must equal num-supernodes = {num_supernodes}"
         )
+    if warn is None:
+        for line in said:
+            print(line, file=sys.stderr)
     return cfg
 
 
@@ -167,14 +220,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.num_supernodes is not None and args.num_supernodes < 1:
         parser.error("--num-supernodes must be >= 1")
+    warnings: list[str] = []
     try:
         overrides = parse_run_config_args(args.run_config)
         cfg = check_run_config(overrides, args.num_supernodes, data=not args.no_data,
-                               this_machine=not args.for_other_machine)
+                               this_machine=not args.for_other_machine, warn=warnings)
     except (ValueError, FileNotFoundError) as err:
         # ConfigError (syntax, keys), RunFolderError, PartitionError, NodeDataError, DatasetNotFoundError
         print(f"error: {err}", file=sys.stderr)
         return 2
+    for line in warnings:
+        print(line, file=sys.stderr)
     print(f"ok: {cfg.method} on {cfg.dataset} ({cfg.partition}), {cfg.num_server_rounds} rounds x "
           f"{cfg.local_epochs} local epochs" + ("" if args.no_data else "; data found"))
     return 0

@@ -15,6 +15,7 @@ Command line: ``python -m fedvls_flwr report RUNS_ROOT [--out DIR]``.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,10 +33,12 @@ from fedvls_flwr.experiments.plots import (
     plot_per_class,
 )
 from fedvls_flwr.experiments.runs import (
+    NoRunsError,
     RunRecord,
     _fmt_value,
     _slug,
     config_value,
+    find_runs,
     load_run,
     load_runs,
     method_label,
@@ -70,15 +73,32 @@ def make_report(
     cols: Sequence[str] = ("method",),
     include_incomplete: bool = False,
     gaps: Sequence[tuple[str, str]] = (),
+    left_out: list[str] | None = None,
 ) -> dict[str, Path]:
     """Load every finished run under root; write the table and every plot with data
     (failed or stopped runs out of the table's means unless ``include_incomplete``).
 
     Output (default ``<root>/report``): results.md/.csv; per table row (dataset x
     partition ...): ``accuracy-<row>.png`` and ``per-class-<row>.png``; one
-    ``partition-<row>-s<seed>.png`` per distinct recorded partition. Returns name -> path.
+    ``partition-<row>-s<seed>.png`` per distinct recorded partition. Returns name -> path;
+    ``left_out`` (a list) receives the run folders not tabulated, each with why.
+
+    Raises :class:`NoRunsError` (nothing written) when a root does not exist, no run folder
+    is found, or no run completed (unless ``include_incomplete``).
     """
-    runs = load_runs(root)
+    runs, skipped = find_runs(root)
+    where = root if isinstance(root, (str, Path)) else ", ".join(map(str, root))
+    incomplete = [f"{r.path}: {why} (--include-incomplete tabulates it)" for r in runs
+                  if (why := r.incomplete()) is not None and not include_incomplete]
+    if not runs or len(incomplete) == len(runs):
+        listed = "".join(f"\n  left out {line}" for line in skipped + incomplete)
+        raise NoRunsError(
+            f"no {'complete ' if runs else ''}run folder (one with summary.json) found in {where}; nothing "
+            f"written{listed}" if listed else
+            f"no run folder (one with summary.json) found in {where}; nothing written. Give the runs' output-dir "
+            "or a run folder")
+    if left_out is not None:
+        left_out.extend(skipped + incomplete)
     if out_dir is None:
         if not isinstance(root, (str, Path)):
             raise ValueError("out_dir is required when several roots are given")
@@ -137,12 +157,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="average failed and stopped runs into the means too (they are left out by default)")
     args = parser.parse_args(argv)
     root = args.root[0] if len(args.root) == 1 else args.root
-    written = make_report(
-        root, args.out,
-        rows=tuple(k for k in args.rows.split(",") if k), cols=tuple(k for k in args.cols.split(",") if k),
-        include_incomplete=args.include_incomplete,
-        gaps=[tuple(g.split(":", 1)) for g in args.gap],
-    )
+    left_out: list[str] = []
+    try:
+        written = make_report(
+            root, args.out,
+            rows=tuple(k for k in args.rows.split(",") if k), cols=tuple(k for k in args.cols.split(",") if k),
+            include_incomplete=args.include_incomplete,
+            gaps=[tuple(g.split(":", 1)) for g in args.gap], left_out=left_out,
+        )
+    except NoRunsError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for line in left_out:
+        print(f"left out {line}", file=sys.stderr)
     for name, path in written.items():
         print(f"{name}: {path}")
     return 0

@@ -24,14 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from fedvls_flwr.app.results import CLIENTS_FILE, ROUNDS_FILE, SUMMARY_FILE
+from fedvls_flwr.app.results import CLIENTS_FILE, CONFIG_FILE, ROUNDS_FILE, STATE_FILE, SUMMARY_FILE
 from fedvls_flwr.config.registry import KINDS, combination_label, method_names, method_settings, owners
 from fedvls_flwr.config.settings import ConfigError
 
 # Settings that do not change the experiment (where it ran, how it is named).
 IGNORED_KEYS = {
     "seed", "run-name", "output-dir", "data-dir", "download", "device", "torch-threads",
-    "eval-batch-size", "round-timeout", "min-nodes", "tracking",
+    "eval-batch-size", "round-timeout", "min-nodes-timeout", "min-nodes", "tracking",
 }
 # Keys whose values read best in descending order (Table 1: beta 0.5 / 0.1 / 0.05).
 DESCENDING_KEYS = {"dirichlet-beta"}
@@ -194,28 +194,53 @@ def load_run(run_dir: str | Path) -> RunRecord:
     return RunRecord(path=run_dir, config=config, summary=summary, rounds=rounds, clients=clients)
 
 
+class NoRunsError(ValueError):
+    """Nothing to report on: the message says what was found instead and what to do."""
+
+
+#: Files a run folder gets before its summary.json (written when the run ends).
+_RUN_FILES = (CONFIG_FILE, ROUNDS_FILE, STATE_FILE)
+
+
+def find_runs(root_or_dirs: str | Path | Iterable[str | Path]) -> tuple[list[RunRecord], list[str]]:
+    """Every folder holding a summary.json under the given root(s), recursively, sorted, and
+    the run folders left out, each with why: no summary.json yet (a run still going, or one
+    killed before it wrote it) or one that cannot be read. A root that does not exist raises
+    :class:`NoRunsError`."""
+    roots = [root_or_dirs] if isinstance(root_or_dirs, (str, Path)) else list(root_or_dirs)
+    found: dict[Path, None] = {}
+    unfinished: dict[Path, None] = {}
+    for root in map(Path, roots):
+        if not root.exists():
+            raise NoRunsError(f"{root} does not exist: give a run folder, or a folder holding run folders "
+                              "(the runs' output-dir)")
+        candidates = [root, *sorted(p for p in root.rglob("*") if p.is_dir())] if root.is_dir() else [root]
+        for folder in candidates:
+            if (folder / SUMMARY_FILE).is_file():
+                found[folder.resolve()] = None
+            elif any((folder / name).is_file() for name in _RUN_FILES):
+                unfinished[folder.resolve()] = None
+    runs, left_out = [], []
+    for run_dir in sorted(found):
+        try:
+            runs.append(load_run(run_dir))
+        except (OSError, ValueError) as exc:
+            left_out.append(f"{run_dir}: {SUMMARY_FILE} cannot be read ({exc})")
+    left_out += [f"{d}: no {SUMMARY_FILE} - a run still going, or one stopped before it ended (continue it with "
+                 "resume=true and its run-name)" for d in sorted(unfinished)]
+    return runs, left_out
+
+
 def load_runs(root_or_dirs: str | Path | Iterable[str | Path]) -> list[RunRecord]:
     """Every folder holding a summary.json under the given root(s), recursively, sorted.
 
     Folders without summary.json (runs still going or crashed) are skipped; so is a
     summary.json that cannot be read (with a warning).
     """
-    roots = [root_or_dirs] if isinstance(root_or_dirs, (str, Path)) else list(root_or_dirs)
-    found: dict[Path, None] = {}
-    for root in roots:
-        root = Path(root)
-        if (root / SUMMARY_FILE).is_file():
-            found[root.resolve()] = None
-        if root.is_dir():
-            for summary_path in sorted(root.rglob(SUMMARY_FILE)):
-                if summary_path.is_file():
-                    found[summary_path.parent.resolve()] = None
-    runs = []
-    for run_dir in sorted(found):
-        try:
-            runs.append(load_run(run_dir))
-        except (OSError, ValueError) as exc:
-            warnings.warn(f"skipping {run_dir}: {exc}", stacklevel=2)
+    runs, left_out = find_runs(root_or_dirs)
+    for why in left_out:
+        if SUMMARY_FILE + " cannot be read" in why:
+            warnings.warn(f"skipping {why}", stacklevel=2)
     return runs
 
 

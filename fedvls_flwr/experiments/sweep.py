@@ -48,7 +48,7 @@ RUN_FILE = "sweep-run.json"
 #: long the server waits): two runs that differ only in these are the same experiment.
 NON_IDENTITY_KEYS = frozenset({
     "run-name", "output-dir", "resume", "device", "torch-threads", "eval-batch-size",
-    "round-timeout", "round-retries", "min-nodes", "tracking",
+    "round-timeout", "min-nodes-timeout", "round-retries", "min-nodes", "tracking",
 })
 
 
@@ -171,9 +171,14 @@ def run_preset(
     paths = {}
     if report:
         from fedvls_flwr.experiments.report import make_report
+        from fedvls_flwr.experiments.runs import NoRunsError
 
-        paths = make_report(output_dir, out_dir=output_dir / "report", rows=preset.table_rows, cols=preset.table_cols)
-        log(f"[sweep] report: {output_dir / 'report'}")
+        try:
+            paths = make_report(output_dir, out_dir=output_dir / "report", rows=preset.table_rows,
+                                cols=preset.table_cols)
+            log(f"[sweep] report: {output_dir / 'report'}")
+        except NoRunsError as err:  # every run failed: their logs are said above
+            log(f"[sweep] no report: {err}")
     return {"statuses": statuses, "report": paths}
 
 

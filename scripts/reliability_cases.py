@@ -1,0 +1,439 @@
+"""The cases of docs/reliability.md: every bad input through the command a user runs, and the
+faults injected into real runs (as the tests that inject them). ``scripts/reliability_table.py``
+runs them and writes the page; ``tests/test_reliability_table.py`` re-runs the fast ones.
+
+An input case is a command line (``{tmp}`` = a fresh folder of the case, ``{data}`` = the
+folder holding the real MNIST test split) and, where it needs one, a ``setup`` that writes
+files into ``{tmp}`` first (not timed; a run folder is made by the real server code on a fake
+Grid, in this process). ``fast`` marks the check-level cases whose command loads no dataset,
+torch, Flower or Ray (each well under a second): CI compares those with the page.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+CHECK = ("-m", "fedvls_flwr", "check")
+SWEEP = ("-m", "fedvls_flwr.experiments.sweep")
+DEPLOY = ("-m", "fedvls_flwr", "deploy", "local", "--insecure")
+REPORT = ("-m", "fedvls_flwr", "report")
+DIGITS = ",".join(str(i) for i in range(10))
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    input: str                   # what is wrong, as the table's first column says it
+    args: tuple[str, ...]        # after `python`
+    fast: bool = False
+    setup: Callable[[Path], None] | None = None
+    pick: str = ""               # a regex: the output lines to show (default: error/warning/note/ok lines)
+    timeout: float = 300.0
+
+    @property
+    def command(self) -> str:
+        """check, sweep, deploy or report, as the table's command column says it."""
+        for kind, head in (("check", CHECK), ("sweep", SWEEP), ("deploy", DEPLOY), ("report", REPORT)):
+            if self.args[: len(head)] == head:
+                return kind
+        return " ".join(self.args[:2])
+
+
+def check(case_id: str, what: str, run_config: str | None, *extra: str, fast: bool = True,
+          setup: Callable[[Path], None] | None = None, pick: str = "") -> Case:
+    args = CHECK + (("--run-config", run_config) if run_config is not None else ()) + extra
+    return Case(case_id, what, args, fast=fast, setup=setup, pick=pick)
+
+
+def sweep(case_id: str, what: str, *args: str, fast: bool = True, setup: Callable[[Path], None] | None = None) -> Case:
+    return Case(case_id, what, SWEEP + args, fast=fast, setup=setup)
+
+
+def deploy(case_id: str, what: str, *args: str, setup: Callable[[Path], None] | None = None, pick: str = "",
+           timeout: float = 300.0) -> Case:
+    return Case(case_id, what, DEPLOY + args, setup=setup, pick=pick, timeout=timeout)
+
+
+# ---- setups (not timed) ----------------------------------------------------------------------
+def write_file(name: str, text: str) -> Callable[[Path], None]:
+    def setup(tmp: Path) -> None:
+        (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / name).write_text(text)
+    return setup
+
+
+def preset(text: str, name: str) -> Callable[[Path], None]:
+    return write_file(f"presets/{name}.yaml", text)
+
+
+GOOD_PRESET = "name: p\nbase: {dataset: digits, num-server-rounds: 2}\ngrid: {method: [fedavg]}\n"
+
+
+def write_idx(path: Path, array: np.ndarray, magic: int) -> None:
+    header = magic.to_bytes(4, "big") + b"".join(d.to_bytes(4, "big") for d in array.shape)
+    with gzip.open(path, "wb") as handle:
+        handle.write(header + array.astype(np.uint8).tobytes())
+
+
+def bad_label_mnist(tmp: Path) -> None:
+    raw = tmp / "badlabel" / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    labels = np.repeat(np.arange(10), 250)
+    labels[7] = 12
+    write_idx(raw / "t10k-images-idx3-ubyte.gz", np.random.default_rng(0).integers(0, 256, (labels.size, 28, 28)), 2051)
+    write_idx(raw / "t10k-labels-idx1-ubyte.gz", labels, 2049)
+
+
+def run_folder(name: str, rounds: int, damage: Callable[[Path], None] | None = None,
+               finished: bool = False) -> Callable[[Path], None]:
+    """A digits run of 4 rounds stopped after ``rounds`` (as a killed server leaves it), made by
+    the real server code on a fake Grid (tests/test_resume.py), then ``damage``d."""
+    def setup(tmp: Path) -> None:
+        from flwr.supercore.task_identity import TaskIdentity
+
+        from fedvls_flwr.app.server import run_experiment
+        from fedvls_flwr.config.run_config import RunConfig
+        from tests.test_resume import TrainingGrid
+
+        old = TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1  # messages need one
+        cfg = RunConfig(dataset="digits", num_server_rounds=4 if finished else rounds,
+                        output_dir=str(tmp / "runs"), run_name=name)
+        try:
+            run_dir = run_experiment(TrainingGrid(), cfg)
+        finally:
+            TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = old
+        if not finished:
+            (run_dir / "summary.json").unlink()
+            (run_dir / "model_final.npz").unlink()
+        if damage is not None:
+            damage(run_dir)
+    return setup
+
+
+def tear_line(covered: bool) -> Callable[[Path], None]:
+    def damage(run_dir: Path) -> None:
+        text = (run_dir / "rounds.jsonl").read_text()
+        if covered:
+            (run_dir / "rounds.jsonl").write_text(text[: len(text) - 40])
+        else:
+            (run_dir / "rounds.jsonl").write_text(text + '{"round": 3, "accur')
+    return damage
+
+
+def truncate_checkpoint(run_dir: Path) -> None:
+    data = (run_dir / "checkpoint.npz").read_bytes()
+    (run_dir / "checkpoint.npz").write_bytes(data[: len(data) // 2])
+
+
+def moved(tmp: Path) -> None:
+    run_folder("ok", 2)(tmp / "old")
+    (tmp / "new").mkdir()
+    os.rename(tmp / "old" / "runs" / "ok", tmp / "new" / "ok")
+
+
+def runs_for_report(tmp: Path) -> None:
+    """A run still going (no summary.json) and a failed one."""
+    going = tmp / "runs" / "going"
+    going.mkdir(parents=True)
+    (going / "rounds.jsonl").write_text('{"round": 0, "accuracy": 0.1}\n')
+    failed = tmp / "runs" / "failed"
+    failed.mkdir()
+    (failed / "rounds.jsonl").write_text('{"round": 0, "accuracy": 0.1}\n{"round": 1, "accuracy": 0.2}\n')
+    (failed / "summary.json").write_text('{"status": "failed", "config": {"method": "fedavg", '
+                                         '"dataset": "digits", "num-server-rounds": 4}}')
+
+
+def digit_folder(root: Path, classes: list[int], per_class: int = 3, size: tuple[int, int] | None = None) -> None:
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    for c in classes:
+        (root / str(c)).mkdir(parents=True, exist_ok=True)
+        for k, i in enumerate(np.flatnonzero(y == c)[:per_class]):
+            img = Image.fromarray(np.rint(x[i].reshape(8, 8) * 255 / 16).astype(np.uint8), mode="L")
+            (img.resize(size, Image.Resampling.NEAREST) if size else img).save(root / str(c) / f"{k:04d}.png")
+
+
+def node_folders(kind: str) -> Callable[[Path], None]:
+    """Two sites: ``good`` (classes 0-4) and ``bad``, whose folder has the problem ``kind``."""
+    def setup(tmp: Path) -> None:
+        digit_folder(tmp / "good", [0, 1, 2, 3, 4])
+        bad = tmp / "bad"
+        if kind == "one-class":
+            digit_folder(bad, [7], per_class=6)
+        elif kind == "other-files":
+            digit_folder(bad, [5, 6])
+            (bad / "5" / "notes.txt").write_text("taken on monday")
+            (bad / "README.md").write_text("site b")
+        elif kind == "other-size":
+            digit_folder(bad, [5, 6], size=(50, 40))
+        elif kind == "stray-class":
+            digit_folder(bad, [5, 6])
+            (bad / "ten").mkdir()
+        elif kind == "dangling":
+            digit_folder(bad, [5, 6])
+            (bad / "5" / "gone.png").symlink_to(tmp / "nowhere.png")
+        elif kind == "loop":
+            digit_folder(bad, [5, 6])
+            (bad / "5" / "again").symlink_to(bad / "5")
+        elif kind == "not-an-image":
+            digit_folder(bad, [5, 6])
+            (bad / "6" / "scan.png").write_bytes(b"this is not a png")
+        elif kind == "dir-as-file":
+            digit_folder(bad, [5, 6])
+            (bad / "6" / "x.png").mkdir()
+    return setup
+
+
+def node_data(case_id: str, what: str, kind: str, pick: str = "") -> Case:
+    """``deploy local`` with two --node-data folders, one round: the launcher lists both
+    folders before it starts; an image that cannot be read stops that node's ClientApp."""
+    run = ("--node-data", "{tmp}/good", "{tmp}/bad", "--classes", DIGITS, "--run-config",
+           "num-server-rounds=1 local-epochs=1 min-fit-fraction=0.5 round-timeout=120.0")
+    return deploy(case_id, what, *run, setup=node_folders(kind),
+                  pick=pick or r"nothing started|failed: |rejected|\[deploy\] (run|round) ")
+
+
+# ---- the input cases -------------------------------------------------------------------------
+CASES: tuple[Case, ...] = (
+    # --run-config syntax (what Flower's parser would drop silently)
+    check("empty-value", '`--run-config "lr="`', "lr="),
+    check("bare-key", '`--run-config "lr"` (bare key)', "lr"),
+    check("bare-after", '`--run-config "lr=0.1 momentum"`', "lr=0.1 momentum"),
+    check("spaces", '`--run-config "lr = 0.1"` (spaces around =)', "lr = 0.1"),
+    check("unquoted", "unquoted string `data-dir=/data`", "data-dir=/data"),
+    check("twice", "key given twice `lr=0.1 lr=0.2`", "lr=0.1 lr=0.2"),
+    check("double-eq", "`method==`", "method=="),
+    check("no-toml", "missing TOML file", "nope.toml"),
+    # keys
+    check("typo-lamda", "unknown key `lamda-dis`", "lamda-dis=0.1"),
+    check("typo-rounds", "unknown key `num-server-round`", "num-server-round=3"),
+    check("underscore", "unknown key `lambda_dis`", "lambda_dis=0.1"),
+    check("synonym", "unknown key `learning-rate`", "learning-rate=0.1"),
+    check("federation-key", "federation key in run config `num-supernodes=10`", "num-supernodes=10"),
+    # types
+    check("type-lr", "type: `lr='fast'`", "lr='fast'"),
+    check("type-epochs", "type: `local-epochs=1.5`", "local-epochs=1.5"),
+    check("type-bool", "type: `use-dis='maybe'`", "use-dis='maybe'"),
+    check("type-method", "type: `method=3`", "method=3"),
+    check("type-seed", "type: `seed=inf`", "seed=inf"),
+    # ranges
+    check("lr-neg", "`lr=-0.1`", "lr=-0.1"),
+    check("lr-inf", "`lr=inf`", "lr=inf"),
+    check("momentum-1", "`momentum=1.0`", "momentum=1.0"),
+    check("momentum-nan", "`momentum=nan`", "momentum=nan"),
+    check("wd-neg", "`weight-decay=-1`", "weight-decay=-1"),
+    check("lambda-inf", "`lambda-dis=inf`", "lambda-dis=inf"),
+    check("fedlc-tau", "`fedlc-tau=-1`", "fedlc-tau=-1"),
+    check("fedntd-tau", "`fedntd-tau=0`", "fedntd-tau=0"),
+    check("beta-0", "`dirichlet-beta=0`", "dirichlet-beta=0"),
+    check("beta-inf", "`dirichlet-beta=inf`", "dirichlet-beta=inf"),
+    check("fraction-1.5", "`fraction-train=1.5`", "fraction-train=1.5"),
+    check("min-fit-2", "`min-fit-fraction=2`", "min-fit-fraction=2"),
+    check("timeout-inf", "`round-timeout=inf`", "round-timeout=inf"),
+    check("rounds-0", "`num-server-rounds=0`", "num-server-rounds=0"),
+    check("batch-0", "`batch-size=0`", "batch-size=0"),
+    check("seed-neg", "`seed=-1`", "seed=-1"),
+    check("alpha-neg", "`synthetic-alpha=-1`", "synthetic-alpha=-1"),
+    check("pool-neg", "`train-pool-size=-5`", "train-pool-size=-5"),
+    check("min-nodes-timeout-0", "`min-nodes-timeout=0` (new)", "min-nodes-timeout=0"),
+    # choices
+    check("method-typo", "unknown method `fedvsl`", "method='fedvsl'"),
+    check("method-fedprox", "method `fedprox` (unknown in round two; a baseline now)", "method='fedprox'", "--no-data"),
+    check("dataset-unknown", "unknown dataset `imagenet`", "dataset='imagenet'"),
+    check("model-unknown", "unknown model `vgg`", "model='vgg'"),
+    check("partition-unknown", "unknown partition `label`", "partition='label'"),
+    check("device-gpu", "`device='gpu'`", "device='gpu'"),
+    check("teacher-mode", "`teacher-mode='frozen'`", "teacher-mode='frozen'"),
+    check("resume-no-name", "`resume=true` without run-name", "resume=true"),
+    check("run-name-slash", "`run-name='a/b'`", "run-name='a/b'"),
+    check("pool-synthetic", "`dataset='synthetic' train-pool-size=100`", "dataset='synthetic' train-pool-size=100"),
+    # the data and the split
+    check("no-mnist10k", "missing dataset (mnist10k, wrong data-dir)", "dataset='mnist10k' data-dir='/nonexistent'",
+          fast=False),
+    check("no-cifar10", "missing dataset (cifar10)", "dataset='cifar10' data-dir='/nonexistent'", fast=False),
+    check("bad-label", "dataset with a label out of range (mnist10k label 12)",
+          "dataset='mnist10k' data-dir='{tmp}/badlabel'", fast=False, setup=bad_label_mnist),
+    check("shards-500", "impossible split: 500 shards per client, 10 nodes", "partition='shards' shards-per-client=500",
+          "--num-supernodes", "10", fast=False),
+    check("min-size-1000", "impossible split: min-partition-size 1000, 10 nodes", "min-partition-size=1000",
+          "--num-supernodes", "10", fast=False),
+    check("synthetic-clients", "synthetic-clients != num-supernodes", "dataset='synthetic' synthetic-clients=100",
+          "--num-supernodes", "10", fast=False),
+    check("cuda", "`device='cuda'` (on a machine without CUDA: refused; with one: ok)", "device='cuda'", "--no-data",
+          fast=False),
+    check("mobilenetv2-digits", "`model='mobilenetv2'` on digits (8x8 images; issue 23 owns it)",
+          "model='mobilenetv2'", "--num-supernodes", "4", fast=False),
+    # this machine: the output folder and the run folder
+    check("output-under-file", "`output-dir` under a file", "output-dir='{tmp}/afile/runs'", "--no-data",
+          setup=write_file("afile", "x")),
+    check("run-folder-taken", "run folder already holds a run (resume=false)", "output-dir='{tmp}/runs' run-name='ok'",
+          "--no-data", fast=True, setup=run_folder("ok", 2)),
+    check("resume-torn-covered", "resume, rounds.jsonl torn inside the checkpointed rounds",
+          "output-dir='{tmp}/runs' run-name='torn' resume=true", "--no-data", fast=True,
+          setup=run_folder("torn", 2, tear_line(covered=True))),
+    check("resume-torn-last", "resume, rounds.jsonl torn after the checkpoint's round",
+          "output-dir='{tmp}/runs' run-name='tornlast' resume=true", "--no-data", fast=True,
+          setup=run_folder("tornlast", 2, tear_line(covered=False))),
+    check("resume-truncated-ckpt", "resume, truncated checkpoint.npz",
+          "output-dir='{tmp}/runs' run-name='ckpt' resume=true", "--no-data", fast=True,
+          setup=run_folder("ckpt", 2, truncate_checkpoint)),
+    check("resume-garbage-state", "resume, garbage state.json",
+          "output-dir='{tmp}/runs' run-name='state' resume=true", "--no-data", fast=True,
+          setup=run_folder("state", 2, lambda d: (d / "state.json").write_text("\x00garbage"))),
+    check("resume-moved", "resume, folder moved to another output-dir",
+          "output-dir='{tmp}/new' run-name='ok' resume=true num-server-rounds=4", "--no-data", fast=True,
+          setup=moved),
+    check("resume-other-lr", "resume with other settings (lr changed)",
+          "output-dir='{tmp}/runs' run-name='ok' resume=true lr=0.5", "--no-data", fast=True,
+          setup=run_folder("ok", 2)),
+    # new in round three (issue 26)
+    check("min-nodes-above", "`min-nodes=6` on 4 nodes (new)", "min-nodes=6", "--num-supernodes", "4", "--no-data"),
+    check("rounds-1e9", "`num-server-rounds=1000000000` (new)", "num-server-rounds=1000000000", "--num-supernodes", "10",
+          fast=False),
+    check("fraction-1e-9", "`fraction-train=1e-9` (new)", "fraction-train=1e-9", "--no-data"),
+    check("fraction-0.1-of-10", "`fraction-train=0.1` on 10 nodes (new)", "fraction-train=0.1", "--num-supernodes",
+          "10", "--no-data"),
+    # presets and the sweep
+    sweep("preset-federation-typo", "preset: federation `num-supernode`", "{tmp}/presets/fed-typo.yaml", "--dry-run",
+          setup=preset(GOOD_PRESET + "federation: {num-supernode: 4}\n", "fed-typo")),
+    sweep("preset-rows-typo", "preset: table `rows: [datset]`", "{tmp}/presets/rows-typo.yaml", "--dry-run",
+          setup=preset(GOOD_PRESET + "table: {rows: [datset]}\n", "rows-typo")),
+    sweep("preset-colums", "preset: table `colums:`", "{tmp}/presets/colums.yaml", "--dry-run",
+          setup=preset(GOOD_PRESET + "table: {colums: [method]}\n", "colums")),
+    sweep("preset-method-typo", "preset: unknown method `fedprx` in grid", "{tmp}/presets/fedprx.yaml", "--dry-run",
+          setup=preset("name: p\nbase: {dataset: digits}\ngrid: {method: [fedprx]}\n", "fedprx")),
+    sweep("preset-fedprox", "preset: method `fedprox` in grid (unknown in round two)", "{tmp}/presets/fedprox.yaml",
+          "--dry-run", setup=preset("name: p\nbase: {dataset: digits}\ngrid: {method: [fedprox]}\n", "fedprox")),
+    sweep("preset-bad-yaml", "preset: invalid YAML", "{tmp}/presets/badyaml.yaml", "--dry-run",
+          setup=preset("name: p\nbase: {dataset: digits\ngrid: {method: [fedavg]}\n", "badyaml")),
+    sweep("preset-missing", "preset: missing file", "{tmp}/presets/none.yaml", "--dry-run"),
+    sweep("preset-shards", "preset: impossible split (sweep without --dry-run, no SuperLink started)",
+          "{tmp}/presets/shards.yaml", "-o", "{tmp}/out", fast=False,
+          setup=preset("name: p\nbase: {dataset: digits, partition: shards, shards-per-client: 500}\n"
+                       "grid: {method: [fedavg]}\nfederation: {num-supernodes: 10}\n", "shards")),
+    sweep("preset-min-nodes", "preset: `min-nodes: 5` on 3 nodes (new; no SuperLink started)",
+          "{tmp}/presets/min-nodes.yaml", "-o", "{tmp}/out", fast=False,
+          setup=preset("name: p\nbase: {dataset: digits, min-nodes: 5}\ngrid: {method: [fedavg]}\n"
+                       "federation: {num-supernodes: 3}\n", "min-nodes")),
+    sweep("set-empty", "sweep `--set lr=`", "conf/mnist10k-dir0.05.yaml", "--set", "lr=", "--dry-run"),
+    sweep("set-bare", 'sweep `--set "lr=0.1 momentum"`', "conf/mnist10k-dir0.05.yaml", "--set", "lr=0.1 momentum",
+          "--dry-run"),
+    sweep("set-typo", "sweep `--set lamda-dis=0.2`", "conf/mnist10k-dir0.05.yaml", "--set", "lamda-dis=0.2", "--dry-run"),
+    sweep("only-typo", "sweep `--only datset=digits`", "conf/mnist10k-dir0.05.yaml", "--only", "datset=digits",
+          "--dry-run"),
+    sweep("seeds-bad", "sweep `--seeds 0,one`", "conf/mnist10k-dir0.05.yaml", "--seeds", "0,one", "--dry-run"),
+    # the one-machine deployment launcher (refuses before it starts anything)
+    deploy("deploy-empty-value", 'deploy `--run-config "lr="`', "--nodes", "2", "--run-config", "lr="),
+    deploy("deploy-fedprox", "deploy `--run-config \"method='fedprx'\"`", "--nodes", "2", "--run-config",
+           "method='fedprx'"),
+    deploy("deploy-partition-range", "deploy bad node config `partition-id=3 num-partitions=2`", "--nodes", "2",
+           "--node-config", "partition-id=3 num-partitions=2", "--node-config", "partition-id=1 num-partitions=2"),
+    deploy("deploy-node-config-empty", "deploy node config `partition-id=0 num-partitions=`", "--nodes", "1",
+           "--node-config", "partition-id=0 num-partitions="),
+    deploy("deploy-min-nodes", "deploy `--nodes 2 --run-config min-nodes=3` (new)", "--nodes", "2", "--run-config",
+           "min-nodes=3"),
+    deploy("deploy-same-partition", "deploy: two SuperNodes given `partition-id=1` (new)", "--nodes", "2",
+           "--node-config", "partition-id=1 num-partitions=2", "--node-config", "partition-id=1 num-partitions=2"),
+    # node-local data (deploy local --node-data; new)
+    node_data("node-loop", "node data: a symbolic-link loop in a class folder", "loop"),
+    node_data("node-stray-class", "node data: a class folder not in --classes", "stray-class"),
+    node_data("node-one-class", "node data: a site holding one class only", "one-class"),
+    node_data("node-other-files", "node data: non-image files mixed in", "other-files"),
+    node_data("node-other-size", "node data: 50x40 images for the 8x8 digits model", "other-size"),
+    node_data("node-dir-as-file", "node data: a directory named `x.png` in a class folder", "dir-as-file"),
+    node_data("node-dangling", "node data: an unreadable image (a dangling symbolic link; root reads chmod 000 "
+              "files, so this stands for one)", "dangling"),
+    node_data("node-not-an-image", "node data: a `.png` that is not an image", "not-an-image"),
+    # reports (new)
+    Case("report-missing", "report of a path that does not exist (new)", REPORT + ("{tmp}/nope",), fast=True),
+    Case("report-empty", "report of an empty folder (new)", REPORT + ("{tmp}",), fast=True),
+    Case("report-unfinished", "report of runs still going or failed (new)", REPORT + ("{tmp}/runs",), fast=True,
+         setup=runs_for_report, pick=r"^(error|  left out)"),
+    # a good config
+    check("good", "a good config (digits, with data and split)", "method='fedavg'", "--num-supernodes", "10",
+          fast=False),
+    check("good-mnist10k", "a good config on the real mnist10k (with data and split)",
+          "method='fedavg' dataset='mnist10k' data-dir='{data}'", "--num-supernodes", "10", fast=False),
+)
+
+
+@dataclass(frozen=True)
+class Fault:
+    id: str
+    fault: str
+    test: str      # the pytest node id that injects it and asserts what happens
+    happens: str   # what the test asserts
+
+
+FAULTS: tuple[Fault, ...] = (
+    Fault("min-nodes-simulation", "`flwr run` (simulation, 4 SuperNodes) with `min-nodes=6` (new)",
+          "tests/test_e2e_reliability.py::test_min_nodes_above_the_simulation_fails_at_once",
+          "the run fails within seconds: `min-nodes = 6 but this simulation has 4 SuperNode(s)` in the log; "
+          "no Flower or Ray process is left (was: `waiting for nodes` every 30 s for ever, and an orphan "
+          "`flwr-simulation` with its Ray processes once the SuperLink was stopped)"),
+    Fault("raise-nan", "a client raises (round 1), a client sends NaN weights (round 2)",
+          "tests/test_e2e_reliability.py::test_raising_and_nan_clients_are_dropped_and_recorded",
+          "each left out of its round and recorded in `rounds.jsonl` with its reason; the run completes"),
+    Fault("server-killed", "server SIGKILLed after round 2 of 6",
+          "tests/test_e2e_reliability.py::test_killed_server_resumes_with_every_round_once",
+          "`resume=true` continues after the last saved round; rounds 0..6 each once"),
+    Fault("invalid-value", "invalid value through `flwr run` (`dirichlet-beta=-1`)",
+          "tests/test_e2e_reliability.py::test_invalid_run_config_fails_the_run_with_the_key_named",
+          "the run fails; `flwr log` shows `'dirichlet-beta' = -1.0: must be > 0`"),
+    Fault("unknown-key", "unknown key through `flwr run`",
+          "tests/test_e2e_reliability.py::test_unknown_key_is_named_only_in_the_superlink_log_and_by_check",
+          "`[code: 15] Invalid run configuration.`; the SuperLink log names it; `check` names it with a did-you-mean"),
+    Fault("moved-folder", "run stopped after 2 rounds, folder moved to another `output-dir`, resumed to 4",
+          "tests/test_e2e_reliability.py::test_moved_run_folder_resumes_bit_identical_to_an_uninterrupted_run",
+          "completes; rounds and final model equal to an uninterrupted run, bit for bit"),
+    Fault("supernode-killed", "SuperNode SIGKILLed mid-run (deployment)",
+          "tests/test_e2e_deployment_faults.py::test_killed_supernode_run_continues_with_the_others",
+          "the run continues with the other nodes and completes"),
+    Fault("supernode-late", "SuperNode joins after round 1 (deployment)",
+          "tests/test_e2e_deployment_faults.py::test_late_supernode_is_used_from_a_later_round",
+          "used from a later round on"),
+    Fault("sweep-killed", "a sweep killed after its first run, run again",
+          "tests/test_e2e_sweep.py::test_sweep_killed_after_its_first_run_resumes_without_rerunning_it",
+          "the finished run is skipped untouched, the rest runs"),
+    Fault("min-nodes-deployment", "a deployment short of `min-nodes` (fake Grid, no Flower processes; new)",
+          "tests/test_strategy.py::test_a_deployment_short_of_min_nodes_fails_after_min_nodes_timeout_naming_the_partitions",
+          "after `min-nodes-timeout` the run fails: `only 3 of min-nodes = 5 SuperNodes connected ...; they say "
+          "partition id(s) 0, 2, 3; if the partitions are numbered 0..4, the missing ones are 1, 4`"),
+    Fault("same-partition", "two SuperNodes say the same partition id (fake Grid; new)",
+          "tests/test_strategy.py::test_two_supernodes_of_one_partition_are_not_averaged_twice",
+          "the second reply of that partition is rejected in `rounds.jsonl`: `partition 1 is also node 12's: two "
+          "SuperNodes were given the same partition-id ...`"),
+    Fault("failure-names-partition", "a client raises / never replies (fake Grid)",
+          "tests/test_strategy.py::test_failures_name_the_partition_of_the_node",
+          "the failure in `rounds.jsonl` names the node and its partition"),
+    Fault("enospc", "`ENOSPC` writing `checkpoint.npz` / `rounds.jsonl` / `state.json` in round 3 of 4",
+          "tests/test_resume.py::test_full_disk_in_round_3_names_the_file_and_loses_nothing",
+          "`could not write <path>: No space left on device. The results up to round 2 of 4 are complete and safe "
+          "...`; resume matches the uninterrupted run"),
+    Fault("enospc-final", "`ENOSPC` writing `model_final.npz` / `config.json`",
+          "tests/test_resume.py::test_full_disk_at_the_final_files tests/test_resume.py::test_full_disk_before_any_round",
+          "`All 4 rounds are complete and safe ... To write them: ...` / `No round had been completed ...`"),
+    Fault("torn-last", "torn last line of `rounds.jsonl` after the checkpoint's round",
+          "tests/test_resume.py::test_torn_last_line_of_rounds_after_the_checkpoint_is_dropped",
+          "dropped with a warning naming the file; that round re-run; bit-identical"),
+    Fault("damaged-refused", "`rounds.jsonl` torn inside the checkpointed rounds; truncated `checkpoint.npz`; "
+          "`state.json` and checkpoint disagree",
+          "tests/test_resume.py::test_torn_line_the_checkpoint_covers_is_named tests/test_resume.py::"
+          "test_truncated_checkpoint_is_named tests/test_resume.py::test_inconsistent_state_and_checkpoint_are_refused",
+          "refused, naming the file and what to do"),
+    Fault("repaired", "garbage `state.json`; state one round behind the checkpoint; garbage `config.json` with a "
+          "`summary.json`",
+          "tests/test_resume.py::test_garbage_state_is_repaired_from_checkpoint_and_rounds tests/test_resume.py::"
+          "test_state_one_round_behind_the_checkpoint_continues_after_the_checkpoint tests/test_resume.py::"
+          "test_garbage_config_json",
+          "repaired from the other files with a warning (the two `state.json` cases then resume bit-identically)"),
+)
