@@ -209,6 +209,12 @@ class ServerRun:
             record["local_update"] = local_update_view(local, previous_global)
         return record
 
+    def _append_round(self, record: dict) -> None:
+        """rounds.jsonl, then the tracker (with the record as rounds.jsonl holds it)."""
+        self.writer.append_round(record)
+        if self.tracker is not None:
+            self.tracker.log_round(self.writer.rounds[-1])
+
     def save_round(self, server_round: int, record: dict, arrays: ArrayRecord, report: RoundReport) -> None:
         """rounds.jsonl first, then the checkpoint (which records its round), then the state
         that points at both: a kill or a full disk between two writes leaves a checkpoint
@@ -219,9 +225,7 @@ class ServerRun:
             if any(pid not in self.clients for pid in new):
                 self.clients.update(new)
                 self.writer.write_clients(self.num_classes, self.clients)
-            self.writer.append_round(record)
-            if self.tracker is not None:  # the record as rounds.jsonl holds it
-                self.tracker.log_round(self.writer.rounds[-1])
+            self._append_round(record)
             self.writer.save_checkpoint({**to_numpy_dict(arrays), **server_state}, server_round)
             atomic_write_json(self.run_dir / STATE_FILE, {"round": server_round})
         self.saved_round = server_round
@@ -249,9 +253,7 @@ class ServerRun:
         initial = ArrayRecord({k: v.detach().cpu() for k, v in self.model.state_dict().items()})
         round0 = {"round": 0, **self.evaluate_global(initial), "seconds": 0.0}
         with self.results_written():
-            self.writer.append_round(round0)
-            if self.tracker is not None:
-                self.tracker.log_round(self.writer.rounds[-1])
+            self._append_round(round0)
         if self.evaluation == "federated" and not round0.get("eval_nodes"):
             log(WARNING, "no node evaluated the initial model - none answered with a local test "
                 "split (node config test-fraction > 0), or their evaluation failed (see the nodes' errors): "

@@ -40,7 +40,7 @@ from fedvls_flwr.algorithms.aggregation import (
 from fedvls_flwr.algorithms.server_optim import build_server_optimizer
 from fedvls_flwr.app import protocol
 from fedvls_flwr.app.events import ROUND_START, emit
-from fedvls_flwr.app.federation import pool_evaluations, same_partition, too_few_nodes
+from fedvls_flwr.app.federation import clients_per_round, pool_evaluations, same_partition, too_few_nodes
 from fedvls_flwr.app.messages import (
     arrays_in,
     exchange,
@@ -115,7 +115,7 @@ class CheckedFedAvg(FedAvg):
         two runs with the same seed - two methods, say - train the same clients in every
         round. Nodes whose partition is not known yet come last, by node id.
         """
-        k = max(1, int(len(node_ids) * self.cfg.fraction_train + 1e-9))
+        k = clients_per_round(self.cfg.fraction_train, len(node_ids))
         if k >= len(node_ids):
             return sorted(node_ids)
         ordered = sorted(node_ids, key=lambda n: (n not in self.partitions, self.partitions.get(n, 0), n))

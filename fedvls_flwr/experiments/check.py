@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fedvls_flwr.app.federation import clients_per_round
 from fedvls_flwr.app.tracking import check_tracking
 from fedvls_flwr.config.args import parse_run_config_args
 from fedvls_flwr.config.run_config import ConfigError, RunConfig, model_name, parse_run_config
@@ -135,11 +136,6 @@ def check_federation(cfg: RunConfig, num_supernodes: int) -> None:
         )
 
 
-def sampled_per_round(cfg: RunConfig, nodes: int) -> int:
-    """Clients trained per round on ``nodes`` nodes (as the strategy samples: at least one)."""
-    return max(1, int(nodes * cfg.fraction_train + 1e-9))
-
-
 def warnings_for(cfg: RunConfig, num_supernodes: int | None, pool_size: int | None) -> list[str]:
     """What is allowed but almost surely not meant: a run that would not end, rounds of one client."""
     said = []
@@ -153,7 +149,7 @@ def warnings_for(cfg: RunConfig, num_supernodes: int | None, pool_size: int | No
                     f"rounds of the presets here{work}: this run would not end in any useful time; "
                     "set the number of rounds you mean")
     nodes = num_supernodes or TYPICAL_MAX_NODES
-    if sampled_per_round(cfg, nodes) < 2 and nodes >= 2:
+    if clients_per_round(cfg.fraction_train, nodes) < 2 and nodes >= 2:
         federation = (f"of {nodes} nodes" if num_supernodes else f"on any federation up to {nodes} nodes")
         said.append(f"note: fraction-train = {cfg.fraction_train:g} samples 1 client per round {federation} "
                     "(at least one is always trained): every round's global model is one client's local "
@@ -189,15 +185,13 @@ def check_run_config(
     said = warn if warn is not None else []
     said.extend(warnings_for(cfg, num_supernodes, len(bundle.train_y)))
     batchnorm = check_model(cfg, bundle, said)
-    if num_supernodes is None:
-        return cfg
-    if cfg.dataset != "synthetic":
+    if num_supernodes is not None and cfg.dataset != "synthetic":
         tiny = [i for i, part in enumerate(partitions_for(cfg, num_supernodes)) if len(part) < 2]
         if batchnorm and tiny:
             said.append(f"warning: partition(s) {', '.join(map(str, tiny))} hold fewer than 2 samples: with the "
                         f"BatchNorm model {model_name(cfg)!r} their training fails in every round they are sampled "
                         "(see docs/datasets-and-models.md, 'BatchNorm and the last batch')")
-    elif num_supernodes != cfg.synthetic_clients:
+    elif num_supernodes is not None and num_supernodes != cfg.synthetic_clients:
         raise ConfigError(
             f"run config 'synthetic-clients' = {cfg.synthetic_clients}: dataset synthetic has one "
             f"generated client per node, so it must equal num-supernodes = {num_supernodes}"
