@@ -87,6 +87,12 @@ def _adaptive(name: str, eta: float, beta1: bool = True) -> tuple[Setting, ...]:
     return tuple(out)
 
 
+#: Per-site statistics a part may declare in ``Part.shares``, with what they reveal (docs).
+SITE_STATISTICS: dict[str, str] = {
+    "class-counts": "the site's number of training samples of every class (its label distribution)",
+}
+
+
 @dataclass(frozen=True)
 class Part:
     """One registered part of a run: a local objective, local optimizer or server optimizer.
@@ -103,6 +109,17 @@ class Part:
     settings
         Its own run-config keys; the implementation receives exactly these (kebab-case keys).
 
+    shares
+        The per-site statistics the server needs from every site for this part (names from
+        :data:`SITE_STATISTICS`). A site's reply carries only what the run's parts declare
+        here: FedAvg, FedLC, FedNTD and FedVLS declare nothing, so no label distribution
+        leaves a site for them.
+    server
+        ``"module:attr"`` of the part's server-side companion, for a part that needs state
+        kept on the server and sent with the weights (FedGF's perturbed global point and
+        coefficient c); ``None`` for the parts that need none. Its interface:
+        :class:`fedvls_flwr.algorithms.downlink.ServerCompanion`.
+
     What a method needs of the training loop (a teacher, features, a projection head, state
     kept between rounds) is said once, by its implementation class (the hooks of
     :class:`fedvls_flwr.algorithms.objectives.base.Objective`), not repeated here.
@@ -112,6 +129,20 @@ class Part:
     label: str
     impl: str
     settings: tuple[Setting, ...] = ()
+    shares: tuple[str, ...] = ()
+    server: str | None = None
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.shares) - set(SITE_STATISTICS))
+        if unknown:
+            raise ValueError(f"part {self.name!r} shares unknown site statistics {unknown}; known: {sorted(SITE_STATISTICS)}")
+
+    def load_server(self) -> Any:
+        """The server-side companion class, or None (imported on first use)."""
+        if self.server is None:
+            return None
+        module, _, attr = self.server.partition(":")
+        return getattr(importlib.import_module(module), attr)
 
     def load(self) -> Any:
         """The implementation (imported on first use: torch stays out of the config layer)."""
@@ -228,6 +259,11 @@ def owners(key: str) -> tuple[tuple[str, str], ...]:
 def run_parts(values: Mapping[str, Any]) -> dict[str, Part]:
     """kind -> the part a run config selects (the default part where the key is absent)."""
     return {kind: get_part(kind, str(values.get(kind, default))) for kind, (_, default) in KINDS.items()}
+
+
+def site_shares(values: Mapping[str, Any]) -> frozenset[str]:
+    """The per-site statistics a run's parts need on the server (the union of their ``shares``)."""
+    return frozenset(s for part in run_parts(values).values() for s in part.shares)
 
 
 def method_params(config: Any) -> dict[str, Any]:
