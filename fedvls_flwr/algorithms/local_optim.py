@@ -1,7 +1,9 @@
 """Local optimizers: how a client turns its objective's gradients into steps
 (run-config ``local-optimizer``). Every local objective works with every one of them.
 
-Both take a ``closure`` that clears the gradients, runs the forward pass and the
+Each is built from the SGD update, its settings and what the server sent it besides the
+weights (:class:`fedvls_flwr.algorithms.downlink.Received`; unused by these two). Each takes
+a ``closure`` that clears the gradients, runs the forward pass and the
 objective, back-propagates and returns the detached loss terms; the optimizer decides
 where (at which weights) and how often the closure runs. The update itself is
 :class:`fedvls_flwr.algorithms.sgd.LocalSGD` (``torch.optim.SGD``'s arithmetic): learning rate,
@@ -16,6 +18,7 @@ from typing import Any, cast
 
 import torch
 
+from fedvls_flwr.algorithms.downlink import Received
 from fedvls_flwr.algorithms.sgd import LocalSGD
 
 Closure = Callable[[], torch.Tensor]
@@ -24,7 +27,7 @@ Closure = Callable[[], torch.Tensor]
 class SGDStep:
     """Plain (momentum) SGD: one gradient, one step."""
 
-    def __init__(self, sgd: LocalSGD, params: Mapping[str, Any]) -> None:
+    def __init__(self, sgd: LocalSGD, params: Mapping[str, Any], received: Received | None = None) -> None:
         self.sgd = sgd
 
     def step(self, closure: Closure) -> torch.Tensor:
@@ -44,7 +47,7 @@ class SAMStep:
     Two forward/backward passes per step.
     """
 
-    def __init__(self, sgd: LocalSGD, params: Mapping[str, Any]) -> None:
+    def __init__(self, sgd: LocalSGD, params: Mapping[str, Any], received: Received | None = None) -> None:
         self.sgd = sgd
         self.rho = float(params["sam-rho"])
 

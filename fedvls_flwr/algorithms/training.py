@@ -34,6 +34,7 @@ from fedvls_flwr.models import FeatureTap, ProjectionModel
 if TYPE_CHECKING:
     from fedvls_flwr.algorithms.local_optim import SAMStep, SGDStep
 from fedvls_flwr.algorithms.batchnorm import batch_bounds, has_batchnorm
+from fedvls_flwr.algorithms.downlink import Received
 from fedvls_flwr.algorithms.objectives import Objective, build_objective
 from fedvls_flwr.algorithms.sgd import LocalSGD
 
@@ -189,6 +190,7 @@ def train_local(
     generator: torch.Generator,
     state: ClientState | None = None,
     cache_teacher: bool = True,
+    received: Received | None = None,
 ) -> TrainResult:
     """Train ``model`` (holding the global weights) in place on a client's ``data`` with the
     configured objective and local optimizer.
@@ -202,7 +204,8 @@ def train_local(
     ``cfg.amp`` enables bfloat16 autocast when ``device`` is CUDA (see the module docstring).
     ``cache_teacher=False`` forces the teacher's forward pass on every batch (the reference
     the once-per-round cache is tested against). ``state`` is read and updated in place
-    (MOON's previous model, carried momentum).
+    (MOON's previous model, carried momentum). ``received``: what the server sent besides the
+    weights for the run's local optimizer (FedGF's perturbed global point and c).
     """
     state = state if state is not None else ClientState()
     model.to(device)
@@ -217,7 +220,9 @@ def train_local(
     objective.bind_global(model)
     teacher = TeacherRows.build(objective, model, state, x, y, transform, autocast, cfg, device, cache_teacher)
     sgd = _local_sgd(model, cfg, state, device)
-    optimizer = build_local_optimizer(cfg, sgd)
+    received = received if received is not None else Received()
+    received.param_names = [name for name, p in model.named_parameters() if p.requires_grad]
+    optimizer = build_local_optimizer(cfg, sgd, received)
     tap = FeatureTap(model) if objective.features == "penultimate" else None
 
     def step(idx: torch.Tensor) -> torch.Tensor:
@@ -271,9 +276,11 @@ def train_local(
     )
 
 
-def build_local_optimizer(cfg: RunConfig, sgd: LocalSGD) -> SGDStep | SAMStep:
-    """The run's local optimizer (``local-optimizer``) around the SGD update."""
-    return get_part("local-optimizer", cfg.local_optimizer).load()(sgd, part_params(cfg, "local-optimizer"))
+def build_local_optimizer(cfg: RunConfig, sgd: LocalSGD, received: Received | None = None) -> SGDStep | SAMStep:
+    """The run's local optimizer (``local-optimizer``) around the SGD update, with what the
+    server sent it besides the weights."""
+    return get_part("local-optimizer", cfg.local_optimizer).load()(
+        sgd, part_params(cfg, "local-optimizer"), received if received is not None else Received())
 
 
 def mode_dependent(model: nn.Module) -> bool:
