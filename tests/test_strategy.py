@@ -371,7 +371,7 @@ def test_more_min_nodes_than_a_simulation_has_fails_at_once(monkeypatch):
     """Issue 26: min-nodes=6 on 4 simulated nodes used to log 'waiting for nodes' every 30 s
     for ever. A simulation has all its nodes from the start: it fails within the moment
     Flower takes to register them, naming both numbers and both fixes."""
-    import fedvls_flwr.app.strategy as strategy_module
+    import fedvls_flwr.app.nodes as strategy_module  # where the wait for nodes lives
 
     monkeypatch.setattr(strategy_module, "is_simulation", lambda grid: True)
     monkeypatch.setattr(strategy_module, "SIMULATION_REGISTRATION_SECONDS", 0.3)

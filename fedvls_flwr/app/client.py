@@ -18,6 +18,7 @@ from fedvls_flwr.algorithms.training import ClientState, evaluate, resolve_devic
 from fedvls_flwr.app import protocol
 from fedvls_flwr.app.events import CLIENT_DATA, emit
 from fedvls_flwr.app.messages import MetricValue, arrays_in, config_in, integer
+from fedvls_flwr.config.registry import get_part, site_shares
 from fedvls_flwr.config.run_config import RunConfig, parse_run_config
 from fedvls_flwr.data.node_config import parse_node_config
 from fedvls_flwr.data.node_data import dataset_for, node_client_data
@@ -30,6 +31,23 @@ def local_test_per_class(cfg: RunConfig, model: torch.nn.Module, device: torch.d
         batch_size=cfg.eval_batch_size, mean=bundle.mean, std=bundle.std,
     )
     return [float(a) for a in res.per_class_accuracy]
+
+
+class KeptArrays:
+    """Named sets of arrays a node keeps across rounds in Flower's ``Context.state`` (FedConcat's
+    frozen encoders); ``record`` None (no state given) keeps nothing."""
+
+    def __init__(self, record: RecordDict | None) -> None:
+        self.record = record
+
+    def get(self, name: str) -> dict[str, torch.Tensor] | None:
+        if self.record is None or name not in self.record.array_records:
+            return None
+        return arrays_in(self.record, name).to_torch_state_dict()
+
+    def put(self, name: str, arrays: dict[str, torch.Tensor]) -> None:
+        if self.record is not None:
+            self.record[name] = ArrayRecord({k: v.detach().cpu() for k, v in arrays.items()})
 
 
 def load_client_state(record: RecordDict | None) -> ClientState:
@@ -82,18 +100,29 @@ def train_round(content: RecordDict, node_config: dict[str, Any], client_state: 
     data = node_client_data(cfg, node_config)
     emit(CLIENT_DATA, seconds=time.perf_counter() - t_data, partition=data.partition_id)
     partition_id = data.partition_id
-    model = build_run_model(cfg, tuple(data.x.shape[1:]), data.num_classes)
-    model.load_state_dict(arrays_in(content, protocol.ARRAYS).to_torch_state_dict(), strict=True)
+    received = arrays_in(content, protocol.ARRAYS).to_torch_state_dict()
+
+    def new_model() -> torch.nn.Module:
+        return build_run_model(cfg, tuple(data.x.shape[1:]), data.num_classes)
 
     # Batch order depends on (seed, round, partition) only: reproducible on any node.
     seed = int(np.random.SeedSequence([cfg.seed, server_round, partition_id]).generate_state(1)[0])
     generator = torch.Generator().manual_seed(seed)
-    state = load_client_state(client_state)
     with peak_gpu_memory(device) as peak_mb:
-        result = train_local(model, data, cfg, device=device, generator=generator, state=state,
-                             received=received_downlink(content, device))
-    if client_state is not None:
-        save_client_state(client_state, state)
+        # a protocol's own step (FedConcat's head training), or the ordinary local training
+        done = get_part("protocol", cfg.protocol).load().client_train(
+            received, config, cfg, data, new_model, KeptArrays(client_state), device, generator)
+        if done is not None:
+            weights, result = done
+        else:
+            model = new_model()
+            model.load_state_dict(received, strict=True)
+            state = load_client_state(client_state)
+            result = train_local(model, data, cfg, device=device, generator=generator, state=state,
+                                 received=received_downlink(content, device))
+            if client_state is not None:
+                save_client_state(client_state, state)
+            weights = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     metrics: dict[str, MetricValue] = {
         protocol.NUM_EXAMPLES: result.num_examples,
         protocol.TRAIN_LOSS: result.loss,
@@ -103,10 +132,9 @@ def train_round(content: RecordDict, node_config: dict[str, Any], client_state: 
         **{protocol.TRAIN_TERM_PREFIX + name: value for name, value in result.terms.items()},
         **({protocol.PEAK_GPU_MB: peak_mb[0]} if peak_mb else {}),
     }
-    if cfg.local_eval:
+    if cfg.local_eval and done is None:
         # The paper's local-update view: this client's updated model on the test set.
         metrics[protocol.LOCAL_PER_CLASS_ACCURACY] = local_test_per_class(cfg, model, device)
-    weights = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     return RecordDict({
         protocol.ARRAYS: ArrayRecord(weights), protocol.METRICS: MetricRecord(metrics),
         protocol.CLIENT_INFO: ConfigRecord({protocol.DEVICE: describe_device(device)}),
@@ -149,8 +177,17 @@ def query_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDict:
     the server can sample by partition id, and which device it would train on, so the
     server can tell before round 1 that a GPU would go unused."""
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    metrics: dict[str, MetricValue] = {protocol.PARTITION_ID: node_identity(node_config)}
+    config = dict(config_in(content, protocol.CONFIG)) if protocol.CONFIG in content.config_records else {}
+    wanted = {w for w in str(config.get(protocol.WANT_SHARES, "")).split(",") if w}
+    if wanted:
+        # only what the run's parts declare (Part.shares) leaves the site, whatever is asked
+        cfg = parse_run_config(config, strict=False)
+        if "class-counts" in wanted & site_shares(cfg.to_flower()):
+            data = node_client_data(cfg, node_config)
+            metrics[protocol.CLASS_COUNTS] = [int(c) for c in torch.bincount(data.y, minlength=data.num_classes).tolist()]
     return RecordDict({
-        protocol.METRICS: MetricRecord({protocol.PARTITION_ID: node_identity(node_config)}),
+        protocol.METRICS: MetricRecord(metrics),
         protocol.CLIENT_INFO: ConfigRecord({protocol.DEVICE: describe_device(device)}),
     })
 

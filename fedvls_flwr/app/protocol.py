@@ -21,6 +21,7 @@ DOWNLINK_VALUES = "downlink-values"
 
 # config record: the run config's keys plus
 SERVER_ROUND = "server-round"
+WANT_SHARES = "want-shares"  # a query's: the per-site statistics asked for (comma-separated)
 
 # training reply metrics
 NUM_EXAMPLES = "num-examples"  # the weight of this reply in the average

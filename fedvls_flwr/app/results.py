@@ -163,7 +163,19 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         "best_round": best["round"],
         "final_accuracy": trained[-1]["accuracy"],
         "final_round": trained[-1]["round"],
+        **stage_costs(rounds),
     }
+
+
+def stage_costs(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Rounds and seconds per stage of a protocol in stages (FedConcat); empty otherwise."""
+    stages: dict[str, dict[str, float]] = {}
+    for r in rounds:
+        if r.get("round", 0) >= 1 and "stage" in r:
+            entry = stages.setdefault(str(r["stage"]), {"rounds": 0, "seconds": 0.0})
+            entry["rounds"] += 1
+            entry["seconds"] += float(r.get("seconds") or 0.0)
+    return {"stages": stages} if stages else {}
 
 
 # ---------------------------------------------------------------------------------------

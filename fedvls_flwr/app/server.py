@@ -50,7 +50,10 @@ from fedvls_flwr.config.run_config import ConfigError, RunConfig, model_name
 from fedvls_flwr.data.datasets import DatasetBundle, DatasetNotFoundError, image_format
 from fedvls_flwr.data.node_data import dataset_for
 
-__all__ = ["RESUMABLE_CHANGES", "ResultsWriteError", "run_dir_for", "run_experiment"]
+#: What the run folder keeps about a protocol with state of its own (FedConcat's clusters).
+PROTOCOL_FILE = "protocol.json"
+
+__all__ = ["RESUMABLE_CHANGES", "PROTOCOL_FILE", "ResultsWriteError", "run_dir_for", "run_experiment"]
 
 
 class ResultsWriteError(RuntimeError):
@@ -142,6 +145,7 @@ class ServerRun:
         log(INFO, "%s on %s (%s), %s evaluation, results in %s",
             self.label, cfg.dataset, model_name(cfg), self.evaluation, self.run_dir)
         self.strategy = CheckedFedAvg(cfg)
+        self.strategy.protocol.bind_model(self.model)
         self.saved_arrays = None if saved_arrays is None else self.strategy.load_server_state(saved_arrays)
         self.clients: dict[int, list[int]] = {}  # partition id -> class counts, as the clients reported
 
@@ -155,13 +159,17 @@ class ServerRun:
 
     def evaluate_global(self, arrays: ArrayRecord, server_round: int = 0) -> dict:
         """The accuracy a round reports, of the model the server optimizer says to evaluate
-        (FedExP may average the last two)."""
-        arrays = to_array_record(self.strategy.server_optimizer.evaluation_arrays(to_numpy_dict(arrays)))
+        (FedExP may average the last two) as the protocol builds it (None: nothing to test,
+        e.g. FedConcat's first stage)."""
+        state = self.strategy.server_optimizer.evaluation_arrays(to_numpy_dict(arrays))
         if self.bundle is None:
-            return {**self.strategy.evaluate_federated(self.grid, arrays, server_round), "evaluation": "federated"}
-        self.model.load_state_dict(arrays.to_torch_state_dict())
+            return {**self.strategy.evaluate_federated(self.grid, to_array_record(state), server_round),
+                    "evaluation": "federated"}
+        model = self.strategy.protocol.evaluation_model(state, self.model, server_round)
+        if model is None:
+            return {"accuracy": None, "loss": None, "per_class_accuracy": None, "evaluation": "none"}
         res = evaluate(
-            self.model, self.bundle.test_x, self.bundle.test_y, self.bundle.num_classes, device=self.device,
+            model, self.bundle.test_x, self.bundle.test_y, self.bundle.num_classes, device=self.device,
             batch_size=self.cfg.eval_batch_size, mean=self.bundle.mean, std=self.bundle.std, amp=self.cfg.amp,
         )
         return {
@@ -173,6 +181,7 @@ class ServerRun:
         """One line of rounds.jsonl: the evaluation, the clients' training, failures, seconds."""
         record = {
             "round": server_round,
+            **self.strategy.protocol.round_info(server_round),
             **metrics,
             "train": report.train_metrics,
             "drift_diversity": report.drift_diversity,
@@ -240,9 +249,14 @@ class ServerRun:
         if self.saved_arrays is not None:
             log(INFO, "%s: resuming after round %d of %d", self.label, self.start_round, self.cfg.num_server_rounds)
             return to_array_record(self.saved_arrays)
-        initial = ArrayRecord({k: v.detach().cpu() for k, v in self.model.state_dict().items()})
-        round0 = {"round": 0, **self.evaluate_global(initial), "seconds": 0.0}
+        model_arrays = {k: v.detach().cpu().numpy() for k, v in self.model.state_dict().items()}
+        state = self.strategy.initial_state(self.grid, model_arrays)
+        initial = to_array_record(state) if state is not model_arrays else ArrayRecord(
+            {k: v.detach().cpu() for k, v in self.model.state_dict().items()})
+        round0 = {"round": 0, **self.strategy.protocol.round_info(0), **self.evaluate_global(initial), "seconds": 0.0}
         with self.results_written():
+            if (about := self.strategy.protocol.describe(state)) is not None:
+                atomic_write_json(self.run_dir / PROTOCOL_FILE, about)
             self._append_round(round0)
         if self.evaluation == "federated" and not round0.get("eval_nodes"):
             log(WARNING, "no node evaluated the initial model - none answered with a local test "

@@ -35,18 +35,17 @@ from fedvls_flwr.algorithms.aggregation import (
     average_metrics,
     check_reply,
     drift_diversity,
-    weighted_average,
 )
 from fedvls_flwr.algorithms.downlink import Downlink, build_companions, merge_downlinks
+from fedvls_flwr.algorithms.rounds import Assignment, build_protocol
 from fedvls_flwr.algorithms.server_optim import build_server_optimizer
 from fedvls_flwr.app import protocol
 from fedvls_flwr.app.events import ROUND_START, emit
-from fedvls_flwr.app.federation import clients_per_round, pool_evaluations, same_partition, too_few_nodes
+from fedvls_flwr.app.federation import clients_per_round, pool_evaluations, same_partition
 from fedvls_flwr.app.messages import (
     arrays_in,
     exchange,
     integer,
-    is_simulation,
     metrics_in,
     number,
     numbers,
@@ -54,6 +53,7 @@ from fedvls_flwr.app.messages import (
     to_array_record,
     to_numpy_dict,
 )
+from fedvls_flwr.app.nodes import NodeDirectory, RoundFailedError
 from fedvls_flwr.config.registry import part_params
 from fedvls_flwr.config.run_config import RunConfig
 
@@ -61,10 +61,6 @@ from fedvls_flwr.config.run_config import RunConfig
 #: server companion's state (``companion/<part>/``), not the global model's.
 SERVER_STATE_PREFIX = "server-optimizer/"
 COMPANION_STATE_PREFIX = "companion/"
-
-#: Seconds a simulation's ServerApp waits for Flower to register its nodes (all at once, in
-#: memory, right after the ServerApp starts) before fewer than min-nodes is final.
-SIMULATION_REGISTRATION_SECONDS = 5.0
 
 
 @dataclass
@@ -86,11 +82,7 @@ class RoundReport:
     seconds: float = 0.0
 
 
-class RoundFailedError(RuntimeError):
-    """Too few usable replies in a round, after the configured retries."""
-
-
-class CheckedFedAvg(FedAvg):
+class CheckedFedAvg(NodeDirectory, FedAvg):
     """FedAvg whose replies are checked: seeded sampling, the whole run config broadcast,
     every reply checked against the global model, sample-weighted averaging in float64,
     and a failure policy (retries, min-fit-fraction). Used with every local objective."""
@@ -109,6 +101,9 @@ class CheckedFedAvg(FedAvg):
         self.companions = build_companions(cfg.to_flower())  # parts with state on the server (FedGF)
         self._downlink = Downlink()  # what the companions send with this round's weights
         self._accepted: list[Reply] = []  # the accepted replies of the last aggregation
+        self.protocol = build_protocol(cfg)  # the federation's shape (rounds.py)
+        self._state: dict[str, np.ndarray] = {}  # the server's state at the start of the round
+        self._plan: dict[int, Assignment] = {}  # node -> what it was sent this round
         self.report = RoundReport(0)
         self._federation_assembled = False  # min-nodes were connected once (see _wait_for_nodes)
         self.partitions: dict[int, int] = {}  # node id -> partition id (queries and replies)
@@ -131,57 +126,18 @@ class CheckedFedAvg(FedAvg):
         rng = random.Random(self.cfg.seed * 1_000_003 + server_round)
         return sorted(rng.sample(ordered, k))
 
-    def query_nodes(self, grid: Grid, node_ids: list[int], connected: list[int] | None = None) -> dict[int, str]:
-        """Ask ``node_ids`` who they are (one query message each; the ClientApp answers from
-        its node config and torch, without loading data): records their partition ids, warns
-        of two ``connected`` nodes that say the same one, and returns node id -> the device
-        each would train on."""
-        record = RecordDict({protocol.CONFIG: self.round_config(0)})
-        messages = [Message(content=record, message_type=MessageType.QUERY, dst_node_id=n) for n in node_ids]
-        devices: dict[int, str] = {}
-        for reply in exchange(grid, messages, self.cfg.round_timeout):
-            if reply.has_error():
-                continue
-            node_id = reply.metadata.src_node_id
-            if protocol.METRICS in reply.content.metric_records:
-                metrics = metrics_in(reply.content, protocol.METRICS)
-                if protocol.PARTITION_ID in metrics:
-                    self.partitions[node_id] = integer(metrics[protocol.PARTITION_ID])
-            if protocol.CLIENT_INFO in reply.content.config_records:
-                devices[node_id] = str(reply.content.config_records[protocol.CLIENT_INFO].get(protocol.DEVICE, "?"))
-        connected = node_ids if connected is None else connected
-        for node in node_ids:
-            if (twin := same_partition(self.partitions, node, connected)) is not None and (
-                    twin not in node_ids or node > twin):  # said once per pair
-                log(WARNING, "%s and node %d say the same partition-id: only one reply per partition is "
-                    "used in a round; give each SuperNode its own partition-id", self._name(node), twin)
-        return devices
-
-    def learn_partitions(self, grid: Grid, node_ids: list[int]) -> None:
-        """Query the nodes whose partition id is not known yet."""
-        unknown = [n for n in node_ids if n not in self.partitions]
-        if not unknown:
-            return
-        self.query_nodes(grid, unknown, connected=node_ids)
-        missing = [n for n in unknown if n not in self.partitions]
-        if missing:
-            log(WARNING, "%d node(s) did not say their partition id; they are sampled after the others", len(missing))
-
-    def client_devices(self, grid: Grid) -> dict[str, str]:
-        """Before the first round: the device every connected node would train on, by node name."""
-        devices = self.query_nodes(grid, self._wait_for_nodes(grid))
-        return {self._name(n): d for n, d in sorted(devices.items())}
-
-    def round_config(self, server_round: int) -> ConfigRecord:
-        return ConfigRecord({**self.cfg.to_flower(), protocol.SERVER_ROUND: server_round})
-
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         node_ids = self._wait_for_nodes(grid)
-        if self.cfg.fraction_train < 1.0:
+        if self.cfg.fraction_train < 1.0 or not self.protocol.single_model:
             self.learn_partitions(grid, node_ids)
         sampled = self.sample(node_ids, server_round)
+        self._plan = self.protocol.plan(server_round, self._state, {n: self.partitions.get(n) for n in sampled})
+        if idle := [n for n in sampled if n not in self._plan]:
+            log(INFO, "round %d: %s take(s) no part in this round (%s protocol)", server_round,
+                ", ".join(self._name(n) for n in idle), self.cfg.protocol)
+            sampled = [n for n in sampled if n in self._plan]
         if self.report.server_round != server_round:
             self.report = RoundReport(server_round)
         self.report.sampled = len(sampled)
@@ -190,64 +146,25 @@ class CheckedFedAvg(FedAvg):
         self.report.clients = []
         log(INFO, "round %d: training on %d of %d nodes", server_round, len(sampled), len(node_ids))
         emit(ROUND_START, round=server_round, sampled=len(sampled), nodes=len(node_ids), attempt=self.report.attempts)
-        record = RecordDict({protocol.ARRAYS: arrays, protocol.CONFIG: self.round_config(server_round)})
-        if self._downlink:
-            record[protocol.DOWNLINK] = to_array_record(self._downlink.arrays)
-            record[protocol.DOWNLINK_VALUES] = ConfigRecord(dict(self._downlink.values))
+        base = self.round_config(server_round)
+        records: dict[int, RecordDict] = {}  # one per distinct assignment (the standard protocol: one)
+
+        def record_for(a: Assignment) -> RecordDict:
+            if id(a) not in records:
+                sent = arrays if a.arrays is None else to_array_record(a.arrays)
+                records[id(a)] = record = RecordDict({protocol.ARRAYS: sent, protocol.CONFIG: ConfigRecord({**base, **a.config})})
+                if self._downlink:
+                    record[protocol.DOWNLINK] = to_array_record(self._downlink.arrays)
+                    record[protocol.DOWNLINK_VALUES] = ConfigRecord(dict(self._downlink.values))
+            return records[id(a)]
+
         # Largest clients first (their sizes are known from earlier replies): with fewer
         # workers than clients, a large client started last would finish the round alone.
         order = sorted(sampled, key=lambda n: (-self.sizes.get(n, math.inf), n))
         return [
-            Message(content=record, message_type=MessageType.TRAIN, dst_node_id=node_id)
+            Message(content=record_for(self._plan[node_id]), message_type=MessageType.TRAIN, dst_node_id=node_id)
             for node_id in order
         ]
-
-    def _wait_for_nodes(self, grid: Grid) -> list[int]:
-        """The nodes to sample from.
-
-        ``min-nodes`` is a start condition: before the first round of this server the
-        federation is still assembling, so it waits (logging every 30 s) until that many
-        nodes are connected - at most ``min-nodes-timeout`` seconds in a deployment, and
-        only the moment Flower takes to register them in a simulation, whose nodes all
-        exist from the start (more can never come). After that a round uses the nodes
-        connected now - a node that died is gone, a late one joins - and
-        ``min-fit-fraction`` judges the replies. Only when no node is left does it wait,
-        at most ``round-timeout`` seconds.
-        """
-        assembled = self._federation_assembled
-        needed = 1 if assembled else self.cfg.min_nodes
-        simulation = is_simulation(grid)
-        limit = self.cfg.round_timeout if assembled else (
-            SIMULATION_REGISTRATION_SECONDS if simulation else self.cfg.min_nodes_timeout)
-        step = 0.1 if simulation and not assembled else 1.0
-        waited, logged = 0.0, -math.inf
-        while len(node_ids := list(grid.get_node_ids())) < needed:
-            if waited >= limit:
-                if assembled:
-                    raise RoundFailedError(
-                        f"no node has been connected for {waited:.0f} s (round-timeout); "
-                        "the results up to the last completed round are saved: restart nodes "
-                        "and continue with resume=true"
-                    )
-                raise RoundFailedError(self._too_few_nodes(grid, node_ids, waited, simulation))
-            if waited - logged >= 30 and not simulation:
-                logged = waited
-                log(INFO, "waiting for nodes: %d connected, %d needed%s", len(node_ids), needed,
-                    "" if assembled else f" (min-nodes) before the first round; the run fails after "
-                    f"min-nodes-timeout = {self.cfg.min_nodes_timeout:g} s")
-            time.sleep(step)
-            waited += step
-        self._federation_assembled = True
-        return node_ids
-
-    def _too_few_nodes(self, grid: Grid, node_ids: list[int], waited: float, simulation: bool) -> str:
-        """Why the first round cannot start; a deployment's connected nodes are asked which
-        partitions they are (the server knows no more than what they say)."""
-        if not simulation and node_ids:
-            self.learn_partitions(grid, node_ids)
-        said = [self.partitions[n] for n in node_ids if n in self.partitions]
-        return too_few_nodes(self.cfg.min_nodes, self.cfg.min_nodes_timeout, len(node_ids), said, waited,
-                             simulation)
 
     # ---- aggregation --------------------------------------------------------
     def aggregate_train(
@@ -264,13 +181,15 @@ class CheckedFedAvg(FedAvg):
                 if protocol.PARTITION_ID in metrics:
                     self.partitions[node_id] = integer(metrics[protocol.PARTITION_ID])
             if msg.has_error():
+                self.protocol.forget_node(node_id)
                 reason = short_reason(msg.error.reason or "no reason given")
                 self.report.failed.append(self._who(node_id, reason))
                 log(WARNING, "round %d: %s failed: %s", server_round, self._name(node_id), reason)
                 continue
             reply, problem = self._parse(node, msg.content)
-            if reply is not None and reference is not None:
-                problem = check_reply(reply, reference)
+            layout = self._layout(node_id, reference)
+            if reply is not None and layout is not None:
+                problem = check_reply(reply, layout)
             if problem is not None or reply is None:
                 self.report.rejected.append(self._who(node_id, problem))
                 log(WARNING, "round %d: rejected the reply of %s: %s", server_round, self._name(node_id), problem)
@@ -296,14 +215,17 @@ class CheckedFedAvg(FedAvg):
         accepted.sort(key=lambda r: (self.partitions.get(int(r.client), math.inf), r.client))
         self.report.accepted = len(accepted)
         self._accepted = accepted
-        if accepted and reference is not None:
+        if accepted and reference is not None and self.protocol.single_model:
             self.report.drift_diversity = drift_diversity([r.arrays for r in accepted], reference)
         if not accepted:
             log(WARNING, "round %d: no usable reply; the global model is unchanged", server_round)
             return None, None
         ref = reference if reference is not None else accepted[0].arrays
-        arrays = weighted_average(accepted, ref)
-        if reference is not None:
+        groups: dict[str, list[Reply]] = {}
+        for r in accepted:
+            groups.setdefault(self._plan[int(r.client)].group if int(r.client) in self._plan else "global", []).append(r)
+        arrays = self.protocol.aggregate(server_round, ref, groups)
+        if reference is not None and self.protocol.single_model:
             arrays = self.server_optimizer.step(server_round, reference, arrays, accepted)
             step_size = getattr(self.server_optimizer, "last_step_size", None)
             if step_size is not None:
@@ -312,6 +234,13 @@ class CheckedFedAvg(FedAvg):
         self.report.train_metrics = train_metrics
         self.report.num_examples = float(sum(r.num_examples for r in accepted))
         return to_array_record(arrays), MetricRecord(dict(train_metrics))
+
+    def _layout(self, node_id: int, reference: dict[str, np.ndarray] | None) -> dict[str, np.ndarray] | None:
+        """What a node's reply must look like: what its assignment says, else the broadcast weights."""
+        a = self._plan.get(node_id)
+        if a is None:
+            return reference
+        return a.reply_layout if a.reply_layout is not None else (a.arrays if a.arrays is not None else reference)
 
     def _node_of(self, reply: Message) -> int:
         """The node a reply is about: the destination of the message it answers. (Flower's
@@ -323,10 +252,6 @@ class CheckedFedAvg(FedAvg):
         if node_id is None:
             return {"node": "?", "partition_id": None, "reason": reason}
         return {"node": str(node_id), "partition_id": self.partitions.get(node_id), "reason": reason}
-
-    def _name(self, node_id: int) -> str:
-        partition = self.partitions.get(node_id)
-        return f"node {node_id}" + ("" if partition is None else f" (partition {partition})")
 
     @staticmethod
     def _client_info(content: RecordDict) -> dict[str, Any]:
@@ -360,6 +285,12 @@ class CheckedFedAvg(FedAvg):
             metrics.pop(name, None)
         scalars = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
         return Reply(node, to_numpy_dict(arrays_in(content, protocol.ARRAYS)), num_examples, scalars), None
+
+    def initial_state(self, grid: Grid, model_arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The server's state before round 1 (the protocol's), with the sites' declared
+        statistics when the protocol asks for them (once: FedConcat's clustering)."""
+        stats = self.site_statistics(grid) if self.protocol.wants_site_statistics() else {}
+        return self.protocol.initial_state(model_arrays, stats)
 
     # ---- state kept on the server -------------------------------------------
     def server_state(self) -> dict[str, np.ndarray]:
@@ -420,7 +351,7 @@ class CheckedFedAvg(FedAvg):
         """One round with the failure policy: a round counts when at least
         ceil(min-fit-fraction x sampled) clients (and at least one) gave usable replies;
         otherwise it is re-run up to round-retries times, then the run stops."""
-        reference = to_numpy_dict(arrays)
+        reference = self._state = to_numpy_dict(arrays)
         self._downlink = merge_downlinks({name: c.downlink(server_round, reference) for name, c in self.companions.items()})
         for attempt in range(self.cfg.round_retries + 1):
             messages = list(self.configure_train(server_round, arrays, ConfigRecord(), grid))

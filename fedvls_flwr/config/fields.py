@@ -55,6 +55,8 @@ class RunConfigFields:
     round_retries: int = 1
     #: how the average becomes the next global model
     server_optimizer: str = "fedavg"
+    #: the federation's shape: standard (one global model), or fedconcat (clusters, then one head over their encoders)
+    protocol: str = "standard"
     #: local epochs per round
     local_epochs: int = 5
     #: local batch size
@@ -163,3 +165,13 @@ class RunConfigFields:
     fedadagrad_eta: float = 0.1
     #: fedadagrad adaptivity tau (Flower's default)
     fedadagrad_tau: float = 0.001
+    #: FedConcat: number of clusters K (2 or 4 in the FedVLS paper)
+    fedconcat_clusters: int = 2
+    #: FedConcat: rounds of stage 1 (FedAvg inside each cluster); 0 = the authors' 1 : 20 split of num-server-rounds
+    fedconcat_encoder_rounds: int = 0
+    #: FedConcat stage 2: mini-batches per client and round on the head
+    fedconcat_head_steps: int = 3
+    #: FedConcat: the new head starts random, or from the clusters' heads side by side (the authors' CIFAR-100 start)
+    fedconcat_head_init: str = "random"
+    #: FedConcat: the cluster of partition 0, 1, ... ('0,1,0,1'); empty = K-means over the sites' label distributions
+    fedconcat_assignment: str = ""

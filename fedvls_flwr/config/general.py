@@ -60,6 +60,9 @@ GROUPS: tuple[tuple[str, tuple[Setting, ...]], ...] = (
         Setting("round-retries", 1, "re-runs of a round that got too few usable replies", **at_least(0)),
         Setting("server-optimizer", "fedavg", "how the average becomes the next global model",
                 choices=lambda: part_names("server-optimizer")),
+        Setting("protocol", "standard",
+                "the federation's shape: standard (one global model), or fedconcat (clusters, then one head over their encoders)",
+                choices=lambda: part_names("protocol")),
     )),
     ("Local training", (
         Setting("local-epochs", 5, "local epochs per round", **at_least(1)),

@@ -1,8 +1,9 @@
 """The registry of methods: every local objective, local optimizer and server optimizer,
 with its label, its own run-config keys and what it needs - declared once, torch-free.
 
-A run combines three parts: ``method`` (the local objective), ``local-optimizer`` and
-``server-optimizer``. Each registered :class:`Part` names its implementation by import
+A run combines four parts: ``method`` (the local objective), ``local-optimizer``,
+``server-optimizer`` and ``protocol`` (the shape of the federation: one global model, or
+FedConcat's stages). Each registered :class:`Part` names its implementation by import
 path (``module:attr``), loaded only where it runs, so nothing here imports torch: the
 ServerApp validates a run config before it imports torch, and reports are read on
 machines without a GPU stack.
@@ -16,7 +17,8 @@ that pyproject's defaults match the declarations all read these tuples.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +76,49 @@ FEDAVGM_MOMENTUM = Setting("fedavgm-momentum", 0.0, "FedAvgM server momentum (Fl
                            **between(0, 1, high_open=True))
 
 
+FEDCONCAT_CLUSTERS = Setting("fedconcat-clusters", 2, "FedConcat: number of clusters K (2 or 4 in the FedVLS paper)",
+                             **at_least(1))
+FEDCONCAT_ENCODER_ROUNDS = Setting(
+    "fedconcat-encoder-rounds", 0,
+    "FedConcat: rounds of stage 1 (FedAvg inside each cluster); 0 = the authors' 1 : 20 split of num-server-rounds",
+    **at_least(0, "0 = the 1 : 20 split"),
+)
+FEDCONCAT_HEAD_STEPS = Setting("fedconcat-head-steps", 3, "FedConcat stage 2: mini-batches per client and round on the head",
+                               **at_least(1))
+FEDCONCAT_HEAD_INIT = Setting(
+    "fedconcat-head-init", "random",
+    "FedConcat: the new head starts random, or from the clusters' heads side by side (the authors' CIFAR-100 start)",
+    choices=("random", "concat"), label={"concat": "(head from clusters)"},
+)
+FEDCONCAT_ASSIGNMENT = Setting(
+    "fedconcat-assignment", "",
+    "FedConcat: the cluster of partition 0, 1, ... ('0,1,0,1'); empty = K-means over the sites' label distributions",
+    check=lambda v: v == "" or re.fullmatch(r"\d+(,\d+)*", v.replace(" ", "")) is not None,
+    rule="comma-separated cluster numbers, one per partition id, e.g. '0,1,0,1' (empty: K-means)",
+)
+
+
+def _fedconcat_rules(values: Mapping[str, Any]) -> str | None:
+    """What FedConcat needs of the rest of the run config."""
+    rounds, k = int(values["num-server-rounds"]), int(values["fedconcat-clusters"])
+    encoder_rounds = int(values["fedconcat-encoder-rounds"])
+    if rounds < 2:
+        return ("protocol 'fedconcat' has two stages of at least one round each: set num-server-rounds >= 2 "
+                "(the authors' split is 50 + 1000)")
+    if encoder_rounds >= rounds:
+        return (f"fedconcat-encoder-rounds = {encoder_rounds} leaves no round for stage 2 of num-server-rounds = "
+                f"{rounds}: make it smaller than num-server-rounds, or 0 for the 1 : 20 split")
+    if values["server-optimizer"] != "fedavg":
+        return (f"protocol 'fedconcat' averages K cluster models and then a head: it does not combine with "
+                f"server-optimizer '{values['server-optimizer']}'; use server-optimizer='fedavg'")
+    if values["evaluation"] == "federated":
+        return "protocol 'fedconcat' is evaluated on the server's test set: use evaluation='server' or 'auto'"
+    text = str(values["fedconcat-assignment"]).replace(" ", "")
+    if text and (bad := sorted({int(v) for v in text.split(",") if int(v) >= k})):
+        return (f"fedconcat-assignment names cluster(s) {bad}, but fedconcat-clusters = {k} numbers them 0..{k - 1}")
+    return None
+
+
 def _adaptive(name: str, eta: float, beta1: bool = True) -> tuple[Setting, ...]:
     """eta, (beta1, beta2,) tau of Flower's adaptive server optimizers, at Flower's defaults."""
     out = [Setting(f"{name}-eta", eta, f"{name} server learning rate eta (Flower's default)", **greater(0))]
@@ -119,6 +164,9 @@ class Part:
         kept on the server and sent with the weights (FedGF's perturbed global point and
         coefficient c); ``None`` for the parts that need none. Its interface:
         :class:`fedvls_flwr.algorithms.downlink.ServerCompanion`.
+    rules
+        What the part needs of the rest of a run config: a message saying what is wrong and
+        how to fix it, or None (checked with every run config, before anything runs).
 
     What a method needs of the training loop (a teacher, features, a projection head, state
     kept between rounds) is said once, by its implementation class (the hooks of
@@ -131,6 +179,7 @@ class Part:
     settings: tuple[Setting, ...] = ()
     shares: tuple[str, ...] = ()
     server: str | None = None
+    rules: Callable[[Mapping[str, Any]], str | None] | None = None
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.shares) - set(SITE_STATISTICS))
@@ -208,11 +257,23 @@ SERVER_OPTIMIZERS: tuple[Part, ...] = (
     Part("fedadagrad", "FedAdagrad", f"{_SERVER}:FedAdagrad", _adaptive("fedadagrad", 0.1, beta1=False)),
 )
 
+_ROUNDS = "fedvls_flwr.algorithms.rounds"
+
+#: Protocols (run-config ``protocol``): the shape of the federation - what the server keeps
+#: between rounds, what each message carries and how the replies combine.
+PROTOCOLS: tuple[Part, ...] = (
+    Part("standard", "Standard", f"{_ROUNDS}:StandardRounds"),
+    Part("fedconcat", "FedConcat", "fedvls_flwr.algorithms.fedconcat:FedConcat",
+         (FEDCONCAT_CLUSTERS, FEDCONCAT_ENCODER_ROUNDS, FEDCONCAT_HEAD_STEPS, FEDCONCAT_HEAD_INIT, FEDCONCAT_ASSIGNMENT),
+         shares=("class-counts",), rules=_fedconcat_rules),
+)
+
 #: The run-config key that selects each kind of part, its registry and its default part.
 KINDS: dict[str, tuple[tuple[Part, ...], str]] = {
     "method": (METHODS, "fedvls"),
     "local-optimizer": (LOCAL_OPTIMIZERS, "sgd"),
     "server-optimizer": (SERVER_OPTIMIZERS, "fedavg"),
+    "protocol": (PROTOCOLS, "standard"),
 }
 
 

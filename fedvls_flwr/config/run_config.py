@@ -24,7 +24,7 @@ from typing import Any
 
 from fedvls_flwr.config.fields import RunConfigFields
 from fedvls_flwr.config.general import DATASETS, DEFAULT_MODELS, GENERAL_SETTINGS, IMAGE_DATASETS, MODELS
-from fedvls_flwr.config.registry import method_settings
+from fedvls_flwr.config.registry import method_settings, run_parts
 from fedvls_flwr.config.settings import ConfigError, Setting
 
 __all__ = [
@@ -144,6 +144,10 @@ def validate(cfg: RunConfig) -> None:
             "run config 'train-pool-size' subsamples an image dataset's training pool; dataset "
             "synthetic generates its clients (set synthetic-clients instead, or train-pool-size = 0)"
         )
+    values = cfg.to_flower()
+    for part in run_parts(values).values():
+        if part.rules is not None and (problem := part.rules(values)) is not None:
+            raise ConfigError(problem)
     if cfg.resume and not cfg.run_name:
         raise ConfigError(
             "run config 'resume' = true needs 'run-name' set to the folder of the run to continue "

@@ -1,0 +1,330 @@
+"""FedConcat (Diao, Li, He, "Exploiting Label Skews in Federated Learning with Model
+Concatenation", AAAI 2024), as the authors' code runs it (sjtudyq/FedConcat, experiments.py).
+
+A protocol in stages (docs/methods.md, "FedConcat"):
+
+0. once, before round 1: K-means (k-means++, 10 restarts, seeded) over the sites' label
+   distributions (class counts / n_i) puts every site in one of K clusters - or the
+   assignment comes from the setting ``fedconcat-assignment``. It is part of the server's
+   state (and the checkpoint), never recomputed on resume, and written to protocol.json.
+1. rounds 1..E (``fedconcat-encoder-rounds``; 0 = the authors' 1 : 20 split of
+   ``num-server-rounds``): inside each cluster, FedAvg of a whole model (encoder + that
+   cluster's head), every cluster starting from the same initial weights; the clients
+   train with the run's local objective and optimizer (plain CE in the paper). No global
+   model exists, so nothing is evaluated.
+2. rounds E+1..R: the K encoders are frozen and concatenated in cluster order (features
+   d*K); a new linear head (d*K -> C) is trained: every sampled client takes
+   ``fedconcat-head-steps`` mini-batches (3 in the authors' code) of one shuffled pass on
+   the head only, with a fresh SGD; the server averages the heads unweighted (every client
+   took the same number of steps). The concatenated model is evaluated after every round.
+   Each node gets the K encoders once (kept in its state across rounds); a node that joins
+   late, or lost its state, gets them with its next message.
+
+State (one flat dict of arrays): ``fedconcat/assignment`` (cluster per partition id, -1 for
+unknown), ``cluster<k>/<model key>`` in stage 1; ``encoder<k>/<model key>`` and
+``head/weight``, ``head/bias`` from the end of round E on.
+
+Differences from the authors' code, on purpose: every cluster starts from a deep copy of
+the same initial model (their list of state dicts shares client 0's tensors, so a cluster
+trained after client 0 in round 1 could start from client 0's trained weights); frozen
+encoders run in eval mode in stage 2 (theirs stay in train mode, which only matters for
+BatchNorm models, whose running statistics the server's copy would then keep updating).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedvls_flwr.algorithms.aggregation import ArrayDict, Reply, weighted_average
+from fedvls_flwr.algorithms.rounds import Assignment, RoundProtocol
+from fedvls_flwr.algorithms.sgd import LocalSGD
+from fedvls_flwr.models import FeatureTap, classifier_of
+
+__all__ = ["FedConcat", "ConcatModel", "cluster_sites", "encoder_rounds", "parse_assignment"]
+
+ASSIGNMENT = "fedconcat/assignment"
+HEAD_WEIGHT, HEAD_BIAS = "head/weight", "head/bias"
+STAGE = "fedconcat-stage"  # message config: 1 or 2
+CLUSTER = "fedconcat-cluster"  # message config (stage 1): the node's cluster
+KEPT_ENCODERS = "fedconcat-encoders"  # a node's kept record: the K frozen encoders
+
+
+def encoder_rounds(num_rounds: int, setting: int) -> int:
+    """Stage 1's rounds: the setting, or (0) the authors' 1 : 20 split (50 + 1000 rounds),
+    at least one round in each stage."""
+    if setting > 0:
+        return setting
+    return min(num_rounds - 1, max(1, round(num_rounds / 21)))
+
+
+def parse_assignment(text: str, clusters: int) -> list[int]:
+    """``"0,1,0,1"``: the cluster of partition 0, 1, 2, ... (the setting ``fedconcat-assignment``)."""
+    try:
+        out = [int(v) for v in text.replace(" ", "").split(",")]
+    except ValueError:
+        raise ValueError(f"fedconcat-assignment must be comma-separated cluster numbers, one per partition id "
+                         f"(e.g. '0,1,0,1'), got {text!r}") from None
+    bad = sorted({v for v in out if not 0 <= v < clusters})
+    if bad:
+        raise ValueError(f"fedconcat-assignment names cluster(s) {bad}; with fedconcat-clusters = {clusters} "
+                         f"they are 0..{clusters - 1}")
+    return out
+
+
+def cluster_sites(distributions: np.ndarray, clusters: int, seed: int) -> np.ndarray:
+    """K-means labels of the sites' label distributions (rows sum to 1): k-means++, 10 restarts."""
+    from sklearn.cluster import KMeans
+
+    if distributions.shape[0] < clusters:
+        raise ValueError(f"fedconcat-clusters = {clusters} needs at least {clusters} sites, "
+                         f"{distributions.shape[0]} took part in the clustering")
+    return np.asarray(KMeans(n_clusters=clusters, n_init=10, random_state=seed).fit(distributions).labels_, np.int64)
+
+
+def _prefixed(prefix: str, arrays: Mapping[str, Any]) -> dict[str, Any]:
+    return {prefix + k: v for k, v in arrays.items()}
+
+
+def _unprefixed(prefix: str, arrays: Mapping[str, Any]) -> dict[str, Any]:
+    return {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+
+
+class ConcatModel(nn.Module):
+    """K frozen encoders (whole models whose classifier input is taken) side by side, and one head."""
+
+    def __init__(self, encoders: list[nn.Module], head: nn.Linear) -> None:
+        super().__init__()
+        self.encoders = nn.ModuleList(encoders)
+        self.head = head
+        for encoder in self.encoders:
+            encoder.requires_grad_(False)
+        self._taps = [FeatureTap(e) for e in self.encoders]
+
+    def train(self, mode: bool = True) -> ConcatModel:
+        super().train(mode)
+        self.encoders.eval()  # frozen: BatchNorm keeps its aggregated statistics
+        return self
+
+    @torch.no_grad()
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        out = []
+        for encoder, tap in zip(self.encoders, self._taps):
+            encoder(x)
+            assert tap.features is not None
+            out.append(tap.features.flatten(1))
+        return torch.cat(out, dim=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+def _concat_model(model: nn.Module, encoders: Mapping[int, Mapping[str, torch.Tensor]], head: Mapping[str, torch.Tensor],
+                  device: torch.device | None = None) -> ConcatModel:
+    copies = []
+    for k in sorted(encoders):
+        encoder = copy.deepcopy(model)
+        encoder.load_state_dict(dict(encoders[k]))
+        copies.append(encoder)
+    out_features, in_features = head["weight"].shape
+    linear = nn.Linear(in_features, out_features)
+    linear.load_state_dict(dict(head))
+    concat = ConcatModel(copies, linear)
+    return concat if device is None else concat.to(device)
+
+
+class FedConcat(RoundProtocol):
+    single_model = False
+
+    def __init__(self, params: Mapping[str, Any], cfg: Any) -> None:
+        super().__init__(params, cfg)
+        self.clusters = int(params["fedconcat-clusters"])
+        self.encoder_rounds = encoder_rounds(cfg.num_server_rounds, int(params["fedconcat-encoder-rounds"]))
+        self.head_init = str(params["fedconcat-head-init"])
+        self.assignment_setting = str(params["fedconcat-assignment"])
+        self._has_encoders: set[int] = set()  # nodes that hold the frozen encoders (this server's life)
+        self._sending_encoders: set[int] = set()
+        self._model: nn.Module | None = None
+        self.source = "setting" if self.assignment_setting else "k-means"
+        self.site_distributions: dict[int, list[float]] = {}
+
+    def stage(self, server_round: int) -> int:
+        return 1 if server_round <= self.encoder_rounds else 2
+
+    # ---- server -------------------------------------------------------------------
+    def wants_site_statistics(self) -> bool:
+        return not self.assignment_setting
+
+    def bind_model(self, model: nn.Module) -> None:
+        self._model = model
+
+    def initial_state(self, model_arrays: ArrayDict, site_stats: Mapping[int, Mapping[str, list[int]]]) -> ArrayDict:
+        if self.assignment_setting:
+            assignment = np.asarray(parse_assignment(self.assignment_setting, self.clusters), np.int64)
+        else:
+            partitions = sorted(site_stats)
+            counts = np.asarray([site_stats[p]["class-counts"] for p in partitions], np.float64)
+            sizes = counts.sum(axis=1, keepdims=True)
+            if (sizes <= 0).any():
+                raise ValueError("a site reported no training sample; FedConcat cannot place it in a cluster")
+            distributions = counts / sizes
+            self.site_distributions = {p: [float(v) for v in row] for p, row in zip(partitions, distributions)}
+            labels = cluster_sites(distributions, self.clusters, self.cfg.seed)
+            assignment = np.full(max(partitions) + 1, -1, np.int64)
+            assignment[partitions] = labels
+        state: ArrayDict = {ASSIGNMENT: assignment}
+        for k in range(self.clusters):  # every cluster starts from (a copy of) the same weights
+            state.update(_prefixed(f"cluster{k}/", {name: v.copy() for name, v in model_arrays.items()}))
+        return state
+
+    def cluster_of(self, state: ArrayDict, partition: int | None) -> int | None:
+        assignment = state[ASSIGNMENT]
+        if partition is None or not 0 <= partition < assignment.shape[0] or assignment[partition] < 0:
+            return None
+        return int(assignment[partition])
+
+    def plan(self, server_round: int, state: ArrayDict, partitions: Mapping[int, int | None]) -> dict[int, Assignment]:
+        if self.stage(server_round) == 1:
+            out: dict[int, Assignment] = {}
+            per_cluster = {k: _unprefixed(f"cluster{k}/", state) for k in range(self.clusters)}
+            for node, partition in partitions.items():
+                k = self.cluster_of(state, partition)
+                if k is not None:  # a site unknown at the clustering waits for stage 2
+                    out[node] = Assignment(f"cluster{k}", per_cluster[k], {STAGE: 1, CLUSTER: k})
+            return out
+        head = {HEAD_WEIGHT: state[HEAD_WEIGHT], HEAD_BIAS: state[HEAD_BIAS]}
+        with_encoders = {**head, **{k: v for k, v in state.items() if k.startswith("encoder")}}
+        self._sending_encoders = {n for n in partitions if n not in self._has_encoders}
+        return {
+            node: Assignment("head", with_encoders if node in self._sending_encoders else head, {STAGE: 2}, head)
+            for node in partitions
+        }
+
+    def aggregate(self, server_round: int, state: ArrayDict, groups: Mapping[str, list[Reply]]) -> ArrayDict:
+        new = dict(state)
+        if self.stage(server_round) == 1:
+            for k in range(self.clusters):
+                replies = groups.get(f"cluster{k}")
+                if replies:  # a cluster none of whose clients replied keeps its model
+                    prefix = f"cluster{k}/"
+                    new.update(_prefixed(prefix, weighted_average(replies, _unprefixed(prefix, state))))
+            return self._to_stage_two(new) if server_round == self.encoder_rounds else new
+        replies = groups["head"]
+        for name in (HEAD_WEIGHT, HEAD_BIAS):  # unweighted: every client took the same steps
+            mean = np.mean([r.arrays[name].astype(np.float64) for r in replies], axis=0)
+            new[name] = mean.astype(state[name].dtype)
+        self._has_encoders |= {int(r.client) for r in replies if int(r.client) in self._sending_encoders}
+        return new
+
+    def forget_node(self, node: int) -> None:
+        """A node failed: it may have lost its state, so it gets the encoders again."""
+        self._has_encoders.discard(node)
+
+    def _to_stage_two(self, state: ArrayDict) -> ArrayDict:
+        """The end of stage 1: cluster models become frozen encoders, and a new head is drawn
+        (seeded, so a resumed run draws the same one)."""
+        if self._model is None:
+            raise RuntimeError("FedConcat needs the run's model (bind_model) before stage 2")
+        out: ArrayDict = {ASSIGNMENT: state[ASSIGNMENT]}
+        for k in range(self.clusters):
+            out.update(_prefixed(f"encoder{k}/", _unprefixed(f"cluster{k}/", state)))
+        classifier = classifier_of(self._model)
+        names = {id(m): name for name, m in self._model.named_modules()}
+        prefix = names[id(classifier)] + "."
+        width = classifier.in_features * self.clusters
+        generator = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + 21)
+        if self.head_init == "concat":  # the authors' CIFAR-100 / TinyImageNet start
+            weights = [state[f"cluster{k}/{prefix}weight"] for k in range(self.clusters)]
+            weight = np.concatenate(weights, axis=1)
+            bias = np.sum([state[f"cluster{k}/{prefix}bias"] for k in range(self.clusters)], axis=0)
+        else:  # PyTorch's default initialisation of a new nn.Linear(d*K, C)
+            w = torch.empty(classifier.out_features, width)
+            nn.init.kaiming_uniform_(w, a=math.sqrt(5), generator=generator)
+            bound = 1 / math.sqrt(width)
+            b = torch.empty(classifier.out_features).uniform_(-bound, bound, generator=generator)
+            weight, bias = w.numpy(), b.numpy()
+        dtype = state[f"cluster0/{prefix}weight"].dtype
+        out[HEAD_WEIGHT], out[HEAD_BIAS] = weight.astype(dtype), bias.astype(dtype)
+        return out
+
+    def evaluation_model(self, state: ArrayDict, model: nn.Module, server_round: int = 0) -> nn.Module | None:
+        if HEAD_WEIGHT not in state or self.stage(server_round) == 1:
+            return None  # stage 1: K cluster models, no global one
+        encoders = {k: {name: torch.from_numpy(np.asarray(v)) for name, v in _unprefixed(f"encoder{k}/", state).items()}
+                    for k in range(self.clusters)}
+        head = {"weight": torch.from_numpy(state[HEAD_WEIGHT]), "bias": torch.from_numpy(state[HEAD_BIAS])}
+        return _concat_model(model, encoders, head)
+
+    def round_info(self, server_round: int) -> dict[str, Any]:
+        return {"stage": self.stage(server_round)}
+
+    def describe(self, state: ArrayDict) -> dict[str, Any]:
+        assignment = state[ASSIGNMENT]
+        return {
+            "protocol": "fedconcat",
+            "clusters": self.clusters,
+            "encoder_rounds": self.encoder_rounds,
+            "classifier_rounds": self.cfg.num_server_rounds - self.encoder_rounds,
+            "assignment_source": self.source,
+            "assignment": {str(p): int(k) for p, k in enumerate(assignment) if k >= 0},
+            "setting": ",".join(str(int(k)) for k in assignment),
+            **({"label_distributions": {str(p): d for p, d in self.site_distributions.items()}}
+               if self.site_distributions else {}),
+        }
+
+    # ---- client -------------------------------------------------------------------
+    @classmethod
+    def client_train(
+        cls, arrays: Mapping[str, torch.Tensor], config: Mapping[str, Any], cfg: Any, data: Any,
+        model_factory: Callable[[], nn.Module], kept: Any, device: torch.device, generator: torch.Generator,
+    ) -> tuple[dict[str, torch.Tensor], Any] | None:
+        if int(config.get(STAGE, 1)) != 2:
+            return None  # stage 1: ordinary local training of the cluster's model
+        from fedvls_flwr.algorithms.training import TrainResult
+        from fedvls_flwr.data.augment import make_batch_transform
+
+        received: dict[str, torch.Tensor] | None = {k: v for k, v in arrays.items() if k.startswith("encoder")}
+        if received:
+            if kept is not None:
+                kept.put(KEPT_ENCODERS, received)
+        else:
+            received = kept.get(KEPT_ENCODERS) if kept is not None else None
+            if not received:
+                raise RuntimeError("FedConcat stage 2: this node holds no frozen encoders (they come once per node, "
+                                   "and its state was lost, e.g. a restarted SuperNode); the server sends them again "
+                                   "with its next message")
+        clusters = sorted({int(k.split("/", 1)[0][len("encoder"):]) for k in received})
+        encoders = {k: _unprefixed(f"encoder{k}/", received) for k in clusters}
+        head = {"weight": arrays[HEAD_WEIGHT], "bias": arrays[HEAD_BIAS]}
+        model = _concat_model(model_factory(), encoders, head, device)
+        model.train()
+        x, y = data.x, data.y
+        n = int(x.shape[0])
+        transform = make_batch_transform(data.mean, data.std, train=True, augment=cfg.augment, generator=generator)
+        sgd = LocalSGD(model.head.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        order = torch.randperm(n, generator=generator)
+        steps = min(int(cfg.fedconcat_head_steps), math.ceil(n / cfg.batch_size))
+        loss_sum, seen = torch.zeros((), device=device), 0
+        for s in range(steps):
+            idx = order[s * cfg.batch_size:(s + 1) * cfg.batch_size]
+            xb, yb = transform(x[idx].to(device)), y[idx].to(device)
+            sgd.zero_grad()
+            loss = nn.functional.cross_entropy(model.head(model.features(xb)), yb)
+            loss.backward()
+            sgd.step()
+            loss_sum += loss.detach() * idx.shape[0]
+            seen += int(idx.shape[0])
+        if not torch.isfinite(loss_sum):
+            raise RuntimeError("FedConcat stage 2: the head's loss became non-finite; the update was not sent")
+        counts = torch.bincount(y, minlength=data.num_classes)
+        mean_loss = float(loss_sum) / max(seen, 1)
+        result = TrainResult(num_examples=seen, loss=mean_loss, terms={"head-ce": mean_loss},
+                             num_vacant=int((counts == 0).sum()), class_counts=[int(c) for c in counts.tolist()], steps=steps)
+        weights = {HEAD_WEIGHT: model.head.weight.detach().cpu(), HEAD_BIAS: model.head.bias.detach().cpu()}
+        return weights, result
