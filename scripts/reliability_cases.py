@@ -247,6 +247,8 @@ CASES: tuple[Case, ...] = (
     check("min-nodes-timeout-0", "`min-nodes-timeout=0` (new)", "min-nodes-timeout=0"),
     # choices
     check("method-typo", "unknown method `fedvsl`", "method='fedvsl'"),
+    check("method-case", "method in capitals `FedVLS` (new)", "method='FedVLS'"),
+    check("dataset-typo", "dataset typo `fminst` (new)", "dataset='fminst'"),
     check("method-fedprox", "method `fedprox` (unknown in round two; a baseline now)", "method='fedprox'", "--no-data"),
     check("dataset-unknown", "unknown dataset `imagenet`", "dataset='imagenet'"),
     check("model-unknown", "unknown model `vgg`", "model='vgg'"),

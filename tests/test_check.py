@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--run-config", "method='fedvsl'"], "'method' = 'fedvsl' is not allowed; choose one of"),
+        (["--run-config", "method='fedvsl'"], "'method' = 'fedvsl' is not allowed (did you mean 'fedvls'?); choose one of"),
         (["--run-config", "lamda-dis=0.1"], "unknown run config key 'lamda-dis'"),
         (["--run-config", "fraction-train=0"], "'fraction-train' = 0.0: must be in (0, 1]"),
         (["--run-config", "dataset='mnist10k' data-dir='/nonexistent'"], "/nonexistent"),
