@@ -318,6 +318,8 @@ CASES: tuple[Case, ...] = (
     sweep("preset-bad-yaml", "preset: invalid YAML", "{tmp}/presets/badyaml.yaml", "--dry-run",
           setup=preset("name: p\nbase: {dataset: digits\ngrid: {method: [fedavg]}\n", "badyaml")),
     sweep("preset-missing", "preset: missing file", "{tmp}/presets/none.yaml", "--dry-run"),
+    sweep("preset-empty-grid", "preset: empty grid list `method: []` (new)", "{tmp}/presets/empty-grid.yaml", "--dry-run",
+          setup=preset("name: p\nbase: {dataset: digits}\ngrid: {method: []}\n", "empty-grid")),
     sweep("preset-shards", "preset: impossible split (sweep without --dry-run, no SuperLink started)",
           "{tmp}/presets/shards.yaml", "-o", "{tmp}/out", fast=False,
           setup=preset("name: p\nbase: {dataset: digits, partition: shards, shards-per-client: 500}\n"
