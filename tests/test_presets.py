@@ -196,3 +196,21 @@ def test_an_empty_grid_list_is_refused_naming_the_key(tmp_path, grid, dry_run, c
     assert code == 2 and captured.out == ""
     key = "seed" if "seed" in grid else "method"
     assert f"grid key '{key}' is an empty list, so the preset has no runs" in captured.err
+
+
+def test_a_sweep_still_starts_runs_whose_folders_do_not_exist_yet(tmp_path, monkeypatch):
+    """The sweep submits every run with resume=true (an interrupted run continues, a new one
+    starts): refusing resume of a missing folder must not stop it before its first run."""
+    from fedvls_flwr.experiments import sweep
+
+    class Started(Exception):
+        pass
+
+    def start(*args, **kwargs):
+        raise Started
+
+    monkeypatch.setattr(sweep.LocalSuperLink, "start", start)
+    path = tmp_path / "p.yaml"
+    path.write_text("base: {dataset: digits, num-server-rounds: 2}\ngrid: {method: [fedavg, fedvls]}\n")
+    with pytest.raises(Started):
+        sweep.run_preset(load_preset(path), tmp_path / "out", report=False)
