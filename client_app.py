@@ -1,27 +1,9 @@
-"""Flower ClientApp entry point (thin): per message, one local training round, one evaluation,
-or a query (the node's partition id)."""
+"""Flower's ClientApp for ``flwr run .`` (pyproject: ``clientapp = "client_app:app"``).
 
-from flwr.app import Context, Message
-from flwr.clientapp import ClientApp
+The app is :mod:`fedvls_flwr.app.client_app`; this file, in the app folder and in every FAB
+built from it, only names it. It is not installed with the package (see server_app.py).
+"""
 
-from fedvls_flwr.app.client import evaluate_round, naming_the_site, query_round, train_round
-from fedvls_flwr.app.supernode_guard import guard_supernode
+from fedvls_flwr.app.client_app import app
 
-app = ClientApp(mods=[guard_supernode])  # deployment: stop training for a SuperNode that was killed
-
-
-@app.train()
-def train(msg: Message, context: Context) -> Message:
-    with naming_the_site(dict(context.node_config)):
-        return Message(content=train_round(msg.content, dict(context.node_config), context.state), reply_to=msg)
-
-
-@app.evaluate()
-def evaluate(msg: Message, context: Context) -> Message:
-    with naming_the_site(dict(context.node_config)):
-        return Message(content=evaluate_round(msg.content, dict(context.node_config)), reply_to=msg)
-
-
-@app.query()
-def query(msg: Message, context: Context) -> Message:
-    return Message(content=query_round(msg.content, dict(context.node_config)), reply_to=msg)
+__all__ = ["app"]  # Flower's check of "client_app:app" reads __all__ (flwr.supercore.object_ref)

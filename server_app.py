@@ -1,18 +1,10 @@
-"""Flower ServerApp entry point (thin): validate the run config, run the experiment."""
+"""Flower's ServerApp for ``flwr run .`` (pyproject: ``serverapp = "server_app:app"``).
 
-from flwr.app import Context
-from flwr.serverapp import Grid, ServerApp
+The app is :mod:`fedvls_flwr.app.server_app`; this file, in the app folder and in every FAB
+built from it, only names it. It is not installed with the package (pip would put a module
+called ``server_app`` at the top level of site-packages, where any other Flower app's would clash).
+"""
 
-from fedvls_flwr.app.tracking import check_tracking
-from fedvls_flwr.config.run_config import parse_run_config  # no torch: a bad value fails before any heavy import
+from fedvls_flwr.app.server_app import app, main
 
-app = ServerApp()
-
-
-@app.main()
-def main(grid: Grid, context: Context) -> None:
-    cfg = parse_run_config(dict(context.run_config))
-    check_tracking(cfg)  # e.g. tracking='tensorboard' without the package: said now, not in round 1
-    from fedvls_flwr.app.server import run_experiment
-
-    run_experiment(grid, cfg)
+__all__ = ["app", "main"]  # Flower's check of "server_app:app" reads __all__ (flwr.supercore.object_ref)

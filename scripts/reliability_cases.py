@@ -247,6 +247,8 @@ CASES: tuple[Case, ...] = (
     check("min-nodes-timeout-0", "`min-nodes-timeout=0` (new)", "min-nodes-timeout=0"),
     # choices
     check("method-typo", "unknown method `fedvsl`", "method='fedvsl'"),
+    check("method-case", "method in capitals `FedVLS` (new)", "method='FedVLS'"),
+    check("dataset-typo", "dataset typo `fminst` (new)", "dataset='fminst'"),
     check("method-fedprox", "method `fedprox` (unknown in round two; a baseline now)", "method='fedprox'", "--no-data"),
     check("dataset-unknown", "unknown dataset `imagenet`", "dataset='imagenet'"),
     check("model-unknown", "unknown model `vgg`", "model='vgg'"),
@@ -292,6 +294,9 @@ CASES: tuple[Case, ...] = (
     check("resume-moved", "resume, folder moved to another output-dir",
           "output-dir='{tmp}/new' run-name='ok' resume=true num-server-rounds=4", "--no-data", fast=True,
           setup=moved),
+    check("resume-missing", "`resume=true` of a run-name with no folder (new; was: ok, then a silent new run)",
+          "output-dir='{tmp}/runs' run-name='digits-fedvls-s1' resume=true", "--no-data", fast=True,
+          setup=run_folder("digits-fedvls-s0", 2)),
     check("resume-other-lr", "resume with other settings (lr changed)",
           "output-dir='{tmp}/runs' run-name='ok' resume=true lr=0.5", "--no-data", fast=True,
           setup=run_folder("ok", 2)),
@@ -316,6 +321,8 @@ CASES: tuple[Case, ...] = (
     sweep("preset-bad-yaml", "preset: invalid YAML", "{tmp}/presets/badyaml.yaml", "--dry-run",
           setup=preset("name: p\nbase: {dataset: digits\ngrid: {method: [fedavg]}\n", "badyaml")),
     sweep("preset-missing", "preset: missing file", "{tmp}/presets/none.yaml", "--dry-run"),
+    sweep("preset-empty-grid", "preset: empty grid list `method: []` (new)", "{tmp}/presets/empty-grid.yaml", "--dry-run",
+          setup=preset("name: p\nbase: {dataset: digits}\ngrid: {method: []}\n", "empty-grid")),
     sweep("preset-shards", "preset: impossible split (sweep without --dry-run, no SuperLink started)",
           "{tmp}/presets/shards.yaml", "-o", "{tmp}/out", fast=False,
           setup=preset("name: p\nbase: {dataset: digits, partition: shards, shards-per-client: 500}\n"

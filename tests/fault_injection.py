@@ -23,9 +23,9 @@ PROJECT_DIR = Path(__file__).resolve().parents[1]
 FAULT_CLIENT_APP = '''"""Test-only ClientApp: the project's handlers, with the fault-injection mod first."""
 from flwr.clientapp import ClientApp
 
-import client_app as production
 from fault_injection import inject_faults
 
+from fedvls_flwr.app import client_app as production
 from fedvls_flwr.app.supernode_guard import guard_supernode
 
 app = ClientApp(mods=[inject_faults, guard_supernode])

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--run-config", "method='fedvsl'"], "'method' = 'fedvsl' is not allowed; choose one of"),
+        (["--run-config", "method='fedvsl'"], "'method' = 'fedvsl' is not allowed (did you mean 'fedvls'?); choose one of"),
         (["--run-config", "lamda-dis=0.1"], "unknown run config key 'lamda-dis'"),
         (["--run-config", "fraction-train=0"], "'fraction-train' = 0.0: must be in (0, 1]"),
         (["--run-config", "dataset='mnist10k' data-dir='/nonexistent'"], "/nonexistent"),
@@ -42,14 +42,17 @@ def test_good_config_and_toml_file(capsys):
     assert main(["--run-config", str(ROOT / "conf" / "fedvls-authors.toml"), "--no-data"]) == 0
 
 
-def test_serverapp_validates_before_importing_torch_or_touching_the_grid():
+@pytest.mark.parametrize("resume_missing", [False, True])
+def test_serverapp_validates_before_importing_torch_or_touching_the_grid(tmp_path, resume_missing):
+    run_config = ({"resume": True, "run-name": "gone", "output-dir": str(tmp_path)} if resume_missing
+                  else {"dirichlet-beta": -1.0})
     code = (
         "import sys\n"
         "from flwr.app import Context, RecordDict\n"
         "import server_app\n"
         "class Grid:\n"
         "    def __getattr__(self, name): raise AssertionError(f'grid.{name} used')\n"
-        "ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={'dirichlet-beta': -1.0})\n"
+        f"ctx = Context(run_id=1, node_id=0, node_config={{}}, state=RecordDict(), run_config={run_config!r})\n"
         "try:\n"
         "    server_app.main(Grid(), ctx)\n"
         "except Exception as err:\n"
@@ -58,7 +61,10 @@ def test_serverapp_validates_before_importing_torch_or_touching_the_grid():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     lines = out.stdout.strip().splitlines()
-    assert lines[0] == "ConfigError run config 'dirichlet-beta' = -1.0: must be > 0 (e.g. 0.5, 0.1, 0.05)"
+    if resume_missing:  # was: a new run, started without a word
+        assert lines[0].startswith(f"ConfigError run config 'resume' = true but there is no run folder {tmp_path / 'gone'}")
+    else:
+        assert lines[0] == "ConfigError run config 'dirichlet-beta' = -1.0: must be > 0 (e.g. 0.5, 0.1, 0.05)"
     assert lines[1] == "False False"
 
 

@@ -87,6 +87,56 @@ def test_non_finite_floats_are_rejected(key, value):
 
 
 @pytest.mark.parametrize(
+    "key, value, meant",
+    [
+        ("method", "FedVLS", "fedvls"),            # case first
+        ("method", "fedvsl", "fedvls"),            # then edits (two letters swapped)
+        ("dataset", "fminst", "fmnist"),
+        ("dataset", "MNIST10K", "mnist10k"),
+        ("model", "resnet-18", "resnet18"),
+        ("partition", "dirchlet", "dirichlet"),
+        ("local-optimizer", "sdg", "sgd"),
+        ("server-optimizer", "FedAdam", "fedadam"),
+        ("evaluation", "sever", "server"),
+        ("tracking", "tensorbord", "tensorboard"),
+        ("device", "CUDA", "cuda"),
+        ("device", "gpu", "cuda"),                 # a synonym before a near spelling ('cpu')
+    ],
+)
+def test_a_refused_choice_suggests_the_closest_allowed_value(key, value, meant):
+    with pytest.raises(ConfigError) as err:
+        parse_run_config({key: value})
+    assert f"run config '{key}' = {value!r} is not allowed (did you mean '{meant}'?); choose one of: " in str(err.value)
+
+
+def test_a_choice_far_from_every_allowed_value_gets_no_guess():
+    with pytest.raises(ConfigError) as err:
+        parse_run_config({"dataset": "svhn"})
+    assert "did you mean" not in str(err.value) and "choose one of: " in str(err.value)
+
+
+def test_every_setting_with_choices_suggests_through_the_one_helper():
+    """A setting declared with choices (a new method's included) gets the hint with no code of its own:
+    each allowed value, upper-cased, is refused with that value suggested."""
+    from fedvls_flwr.config.run_config import SETTINGS
+
+    for setting in (s for s in SETTINGS if s.allowed()):
+        for value in setting.allowed():
+            if value.upper() == value:
+                continue
+            with pytest.raises(ConfigError) as err:
+                setting.validate(value.upper())
+            assert f"(did you mean '{value}'?)" in str(err.value), (setting.key, value)
+
+
+def test_edit_distance_counts_edits_and_swaps():
+    from fedvls_flwr.config.settings import edit_distance
+
+    assert [edit_distance(a, b) for a, b in [("", "abc"), ("abc", "abc"), ("fminst", "fmnist"), ("kitten", "sitting"),
+                                             ("ab", "ba"), ("abc", "")]] == [3, 0, 1, 3, 1, 3]
+
+
+@pytest.mark.parametrize(
     "override, fragment",
     [
         ({"seed": -1}, "'seed' = -1: must be >= 0"),

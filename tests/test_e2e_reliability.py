@@ -42,7 +42,7 @@ def test_killed_server_resumes_with_every_round_once(tmp_path):
     cfg = {**BASE, "num-server-rounds": n, "output-dir": str(tmp_path), "run-name": "resumed", "resume": True}
     run_dir = tmp_path / "resumed"
     with LocalSuperLink(tmp_path / "home1") as link:
-        link.submit(run_config=cfg, federation_config=FEDERATION)
+        link.submit(run_config={**cfg, "resume": False}, federation_config=FEDERATION)
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
             state = run_dir / "state.json"
@@ -85,7 +85,7 @@ def test_moved_run_folder_resumes_bit_identical_to_an_uninterrupted_run(tmp_path
     a run that was never interrupted, and the same final model, bit for bit."""
     n = 4
     straight = {**BASE, "num-server-rounds": n, "output-dir": str(tmp_path / "straight"), "run-name": "r"}
-    first = {**straight, "num-server-rounds": 2, "output-dir": str(tmp_path / "disk1"), "resume": True}
+    first = {**straight, "num-server-rounds": 2, "output-dir": str(tmp_path / "disk1")}
     moved = {**straight, "output-dir": str(tmp_path / "disk2"), "resume": True}
     with LocalSuperLink(tmp_path / "home") as link:
         for cfg in (straight, first):

@@ -73,3 +73,14 @@ def test_every_subpackage_says_what_lives_there_and_what_it_may_import():
     for init in sorted(PACKAGE.glob("*/__init__.py")):
         doc = ast.get_docstring(ast.parse(init.read_text())) or ""
         assert "import" in doc.lower(), f"{init.relative_to(PACKAGE)}: the docstring must say what it may import"
+
+
+#: The benchmarks and scripts keep about the package's module size too (issue 32: bench_round.py had 764 lines).
+MAX_SCRIPT_LINES = 450
+
+
+@pytest.mark.parametrize("path", sorted([*PACKAGE.parent.glob("bench/*.py"), *PACKAGE.parent.glob("scripts/*.py")]),
+                         ids=lambda p: str(p.relative_to(PACKAGE.parent)))
+def test_no_benchmark_or_script_outgrows_a_module(path):
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_SCRIPT_LINES, f"{path.name}: {lines} lines > {MAX_SCRIPT_LINES}; split it by concern"

@@ -16,11 +16,33 @@ ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
-def test_the_wheel_holds_every_module_of_the_package(tmp_path):
+def test_the_wheel_holds_every_module_of_the_package_and_claims_only_its_name(tmp_path):
+    """Was: server_app.py and client_app.py at the top level of site-packages too, where any
+    other Flower app's entry points of the same (Flower's template) names would clash."""
     wheel = build_project_wheel(tmp_path, "--no-build-isolation")
     names = set(zipfile.ZipFile(wheel).namelist())
-    sources = {str(p.relative_to(ROOT)) for p in (ROOT / "fedvls_flwr").rglob("*.py")} | {"server_app.py", "client_app.py"}
+    sources = {str(p.relative_to(ROOT)) for p in (ROOT / "fedvls_flwr").rglob("*.py")}
     assert sources <= names, f"missing from the wheel: {sorted(sources - names)}"
+    top_level = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
+    assert top_level == {"fedvls_flwr"}, top_level
+
+
+def test_the_app_folders_entry_points_only_name_the_packages_apps():
+    """`flwr run .` loads server_app:app / client_app:app from the app folder (kept, as Flower's
+    layout asks); they are the package's objects, and Flower's own check of the reference
+    (the one `flwr run` and `flwr build` apply) accepts the re-export."""
+    from flwr.supercore.object_ref import validate
+
+    import client_app
+    import server_app
+    from fedvls_flwr.app import client_app as package_client_app
+    from fedvls_flwr.app import server_app as package_server_app
+
+    assert server_app.app is package_server_app.app and client_app.app is package_client_app.app
+    components = PYPROJECT["tool"]["flwr"]["app"]["components"]
+    for ref in (components["serverapp"], components["clientapp"], "fedvls_flwr.app.server_app:app",
+                "fedvls_flwr.app.client_app:app"):
+        assert validate(ref, check_module=True, project_dir=ROOT) == (True, None), ref
 
 
 def test_the_wheelhouse_leaves_out_the_hosts_torch_and_pins_the_tested_versions(tmp_path):

@@ -180,3 +180,37 @@ def test_a_preset_with_a_non_default_model_gets_its_own_folder_names():
     # a model that varies within a preset is named once, by the grid
     backbones = [r["run-name"] for r in load_preset(CONF / "table3-backbones.yaml").runs]
     assert all(name.count("model") == 1 for name in backbones)
+
+
+@pytest.mark.parametrize("grid", ["{method: []}", "{method: [fedavg], seed: []}", "[{method: [fedavg]}, {method: []}]"])
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_an_empty_grid_list_is_refused_naming_the_key(tmp_path, grid, dry_run, capsys, monkeypatch):
+    """Was: exit 0 and no output at all (the product of an empty list has no runs)."""
+    from fedvls_flwr.experiments import sweep
+
+    monkeypatch.setattr(sweep.LocalSuperLink, "start", lambda *a, **k: pytest.fail("a SuperLink was started"))
+    bad = tmp_path / "empty.yaml"
+    bad.write_text(f"base: {{dataset: digits}}\ngrid: {grid}\n")
+    code = sweep.main([str(bad), "-o", str(tmp_path / "out")] + (["--dry-run"] if dry_run else []))
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    key = "seed" if "seed" in grid else "method"
+    assert f"grid key '{key}' is an empty list, so the preset has no runs" in captured.err
+
+
+def test_a_sweep_still_starts_runs_whose_folders_do_not_exist_yet(tmp_path, monkeypatch):
+    """The sweep submits every run with resume=true (an interrupted run continues, a new one
+    starts): refusing resume of a missing folder must not stop it before its first run."""
+    from fedvls_flwr.experiments import sweep
+
+    class Started(Exception):
+        pass
+
+    def start(*args, **kwargs):
+        raise Started
+
+    monkeypatch.setattr(sweep.LocalSuperLink, "start", start)
+    path = tmp_path / "p.yaml"
+    path.write_text("base: {dataset: digits, num-server-rounds: 2}\ngrid: {method: [fedavg, fedvls]}\n")
+    with pytest.raises(Started):
+        sweep.run_preset(load_preset(path), tmp_path / "out", report=False)

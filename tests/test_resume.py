@@ -91,7 +91,7 @@ def straight(tmp_path_factory) -> tuple[Path, list]:
 
 def partial(out: Path, rounds: int) -> Path:
     """A run stopped after ``rounds`` rounds (as a killed server leaves it, without summary)."""
-    run_dir = run_experiment(TrainingGrid(), config(out, num_server_rounds=rounds))
+    run_dir = run_experiment(TrainingGrid(), config(out, num_server_rounds=rounds, resume=False))
     (run_dir / "summary.json").unlink()
     (run_dir / "model_final.npz").unlink()
     return run_dir
@@ -228,6 +228,39 @@ def test_not_resuming_a_folder_that_holds_a_run_is_refused(tmp_path):
     partial(tmp_path, 1)
     with pytest.raises(ConfigError, match="already holds a run; set resume=true"):
         _resume_point(config(tmp_path, resume=False), tmp_path / "r")
+
+
+def test_resuming_a_run_folder_that_does_not_exist_is_refused_naming_it_and_the_closest_runs(tmp_path, capsys):
+    """Was: `fedvls check` said ok, and the server started the run from round 1 without a word."""
+    for name in ("digits-fedavg-s0", "digits-fedvls-s0", "cifar10-moon-s1"):
+        partial(tmp_path, 1).rename(tmp_path / name)
+    (tmp_path / "digits-fedvls-s9").mkdir()  # a folder without a run: nothing to resume, not listed
+    missing = tmp_path / "digits-fedvls-s1"
+    said = (f"run config 'resume' = true but there is no run folder {missing} (run-name = 'digits-fedvls-s1', "
+            f"output-dir {tmp_path}); the runs in {tmp_path}, closest first: digits-fedvls-s0, digits-fedavg-s0, "
+            "cifar10-moon-s1; set run-name to one of them, or drop resume=true")
+    with pytest.raises(ConfigError) as err:  # the server, at start-up (before the test set or a round)
+        run_experiment(FailingGrid(), config(tmp_path, run_name="digits-fedvls-s1"))
+    assert str(err.value) == said
+    assert not missing.exists()
+    assert check_main(["--run-config", f"output-dir='{tmp_path}' run-name='digits-fedvls-s1' resume=true", "--no-data"]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {said}"
+    nothing = tmp_path / "empty"
+    assert check_main(["--run-config", f"output-dir='{nothing}' run-name='r' resume=true", "--no-data"]) == 2
+    assert f"{nothing} holds no run to resume; to start a new run, drop resume=true" in capsys.readouterr().err
+
+
+def test_resuming_an_existing_folder_without_a_finished_round_starts_at_round_1(tmp_path, caplog):
+    """A sweep makes a run's folder before it submits the run with resume=true: that still starts."""
+    (tmp_path / "r").mkdir()
+    with caplog.at_level(logging.WARNING):
+        assert _resume_point(config(tmp_path), tmp_path / "r") == (0, None, [])
+    assert "holds no checkpoint; starting from round 1" in caplog.text
+
+
+class FailingGrid:
+    def __getattr__(self, name: str):
+        raise AssertionError(f"grid.{name} used before the run folder was checked")
 
 
 # ---- item 8: a full disk ----------------------------------------------------------------------

@@ -17,9 +17,14 @@ import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from fedvls_flwr.config.settings import ConfigError, edit_distance
+
+if TYPE_CHECKING:
+    from fedvls_flwr.config.run_config import RunConfig
 
 ROUNDS_FILE = "rounds.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -195,6 +200,33 @@ class ResumePoint:
 def holds_run(run_dir: Path) -> bool:
     """Whether a run folder holds a run that got past its first round (state or checkpoint)."""
     return (Path(run_dir) / STATE_FILE).exists() or (Path(run_dir) / CHECKPOINT_FILE).exists()
+
+
+def missing_run_folder(run_dir: Path, shown: int = 5) -> str | None:
+    """Why ``resume = true`` has nothing to continue in ``run_dir`` when the folder does not exist
+    (None when it does): the folder looked for, the runs next to it that come closest to its
+    name, and that dropping ``resume`` starts a new run. A folder that exists but holds no
+    finished round (a sweep makes a run's folder before submitting it) is resumed from round 1."""
+    run_dir = Path(run_dir)
+    if run_dir.exists():
+        return None
+    out, name = run_dir.parent, run_dir.name
+    runs = sorted(p.name for p in out.iterdir() if p.is_dir() and holds_run(p)) if out.is_dir() else []
+    runs.sort(key=lambda other: edit_distance(name.lower(), other.lower()))
+    if runs:
+        more = f" (and {len(runs) - shown} more)" if len(runs) > shown else ""
+        there = f"the runs in {out}, closest first: {', '.join(runs[:shown])}{more}; set run-name to one of them, or"
+    else:
+        there = f"{out} holds no run to resume; to start a new run,"
+    return (f"run config 'resume' = true but there is no run folder {run_dir} (run-name = {name!r}, "
+            f"output-dir {out}); {there} drop resume=true")
+
+
+def check_resume_target(cfg: RunConfig) -> None:
+    """A :class:`ConfigError` when ``resume = true`` names a run folder that does not exist
+    (:func:`missing_run_folder`): without it the run would start anew without a word."""
+    if cfg.resume and cfg.run_name and (missing := missing_run_folder(cfg.resolved_output_dir() / cfg.run_name)):
+        raise ConfigError(missing)
 
 
 def _read_json_file(path: Path) -> tuple[Any, str | None]:

@@ -39,6 +39,7 @@ from fedvls_flwr.app.results import (
     RunWriter,
     atomic_write_json,
     holds_run,
+    missing_run_folder,
     read_resume_point,
     summarize,
 )
@@ -66,6 +67,8 @@ def run_dir_for(cfg: RunConfig) -> Path:
 
 def _resume_point(cfg: RunConfig, run_dir: Path) -> tuple[int, dict | None, list[dict]]:
     """(last completed round, its global arrays, its rounds) of a run folder, or (0, None, [])."""
+    if cfg.resume and (missing := missing_run_folder(run_dir)):
+        raise ConfigError(missing)  # (server_app says it before any heavy import; run_experiment's callers here)
     if not cfg.resume or not holds_run(run_dir):
         if cfg.resume:
             log(WARNING, "resume = true but %s holds no checkpoint; starting from round 1", run_dir)

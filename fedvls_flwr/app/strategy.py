@@ -90,12 +90,15 @@ class CheckedFedAvg(NodeDirectory, FedAvg):
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(
             fraction_train=cfg.fraction_train,
-            fraction_evaluate=0.0,  # the global model is evaluated on the server's test set
             min_train_nodes=1,
             min_available_nodes=cfg.min_nodes,
             arrayrecord_key=protocol.ARRAYS,
             configrecord_key=protocol.CONFIG,
         )
+        # The global model is evaluated on the server's test set (evaluate_federated when there
+        # is none): Flower's own federated evaluation is off. Set as FedAvg's constructor sets it
+        # for fraction_evaluate=0.0, without its warning in every run (app/known_warnings.py).
+        self.fraction_evaluate, self.min_evaluate_nodes = 0.0, 0
         self.cfg = cfg
         self.server_optimizer = build_server_optimizer(cfg.server_optimizer, part_params(cfg, "server-optimizer"))
         self.companions = build_companions(cfg.to_flower())  # parts with state on the server (FedGF)

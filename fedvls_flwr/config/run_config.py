@@ -15,7 +15,6 @@ ones in :mod:`fedvls_flwr.config.general`, each method's own in :mod:`fedvls_flw
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
 import time
 from collections.abc import Iterable
@@ -25,7 +24,7 @@ from typing import Any
 from fedvls_flwr.config.fields import RunConfigFields
 from fedvls_flwr.config.general import DATASETS, DEFAULT_MODELS, GENERAL_SETTINGS, IMAGE_DATASETS, MODELS
 from fedvls_flwr.config.registry import method_settings, run_parts
-from fedvls_flwr.config.settings import ConfigError, Setting
+from fedvls_flwr.config.settings import ConfigError, Setting, closest
 
 __all__ = [
     "ConfigError", "RunConfig", "SETTINGS", "GENERAL_SETTINGS", "IMAGE_DATASETS", "DATASETS", "MODELS",
@@ -95,16 +94,10 @@ FEDERATION_KEYS = ("num-supernodes", "client-resources-num-cpus", "client-resour
 
 
 def did_you_mean(key: str, known: Iterable[str]) -> str:
-    """`` (did you mean 'x'?)`` for the entry of ``known`` closest to ``key`` (hyphens,
-    underscores and case ignored first, then a few synonyms, then difflib), or ``""``."""
-    known = list(known)
-    flat = key.replace("-", "").replace("_", "").lower()
-    close = [k for k in known if k.replace("-", "").replace("_", "").lower() == flat]
-    synonym = SYNONYMS.get(key.replace("_", "-").lower())
-    if not close and synonym in known:
-        close = [synonym]
-    close = close or difflib.get_close_matches(key.replace("_", "-").lower(), known, n=1, cutoff=0.7)
-    return f" (did you mean '{close[0]}'?)" if close else ""
+    """`` (did you mean 'x'?)`` for the entry of ``known`` closest to the key ``key``
+    (:func:`fedvls_flwr.config.settings.closest`, with this app's synonyms), or ``""``."""
+    match = closest(key, known, SYNONYMS)
+    return f" (did you mean '{match}'?)" if match is not None else ""
 
 
 def _did_you_mean(key: str) -> str:

@@ -8,14 +8,70 @@ so a setting is written down in exactly one place. Torch-free and Flower-free.
 
 from __future__ import annotations
 
+import difflib
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 
 class ConfigError(ValueError):
     """A run-config value that cannot work; the message says which and how to fix it."""
+
+
+#: Values people write for a choice that the app spells otherwise (not a near spelling: "gpu" is one
+#: letter from "cpu", but means "cuda").
+VALUE_SYNONYMS = {"gpu": "cuda"}
+
+
+def _flat(word: str) -> str:
+    return word.replace("-", "").replace("_", "").lower()
+
+
+def edit_distance(a: str, b: str) -> int:
+    """Insertions, deletions, substitutions and swaps of two neighbours that turn ``a`` into
+    ``b`` (the optimal string alignment distance: ``fminst`` is 1 from ``fmnist``)."""
+    prev2: list[int] = []
+    prev = list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        row = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            row[j] = min(prev[j] + 1, row[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                row[j] = min(row[j], prev2[j - 2] + 1)
+        prev2, prev = prev, row
+    return prev[-1]
+
+
+def closest(word: str, known: Iterable[str], synonyms: Mapping[str, str] | None = None) -> str | None:
+    """The entry of ``known`` a user most likely meant by ``word``, or None.
+
+    In this order: the same word but for case, hyphens and underscores (``FedVLS`` ->
+    ``fedvls``); a synonym (``synonyms``: what people reach for -> the name here); the
+    fewest edits (:func:`edit_distance`, at most a third of the word, first declared on a
+    tie); a close spelling by :mod:`difflib` (ratio >= 0.7). Every "did you mean" of the app
+    - unknown run-config keys, a value outside a setting's choices, preset keys - comes from here.
+    """
+    known = [str(k) for k in known]
+    flat = _flat(word)
+    same = [k for k in known if _flat(k) == flat]
+    if same:
+        return same[0]
+    synonym = (synonyms or {}).get(word.replace("_", "-").lower())
+    if synonym in known:
+        return synonym
+    limit = max(1, min(3, len(flat) // 3))
+    by_edits = sorted((edit_distance(flat, _flat(k)), i) for i, k in enumerate(known))
+    if by_edits and by_edits[0][0] <= limit:
+        return known[by_edits[0][1]]
+    close = difflib.get_close_matches(word.replace("_", "-").lower(), known, n=1, cutoff=0.7)
+    return close[0] if close else None
+
+
+def did_you_mean(word: str, known: Iterable[str], synonyms: Mapping[str, str] | None = None) -> str:
+    """`` (did you mean 'x'?)`` for :func:`closest`, or ``""`` when nothing is close."""
+    match = closest(word, known, synonyms)
+    return f" (did you mean '{match}'?)" if match is not None else ""
 
 
 @dataclass(frozen=True)
@@ -93,7 +149,8 @@ class Setting:
         allowed = self.allowed()
         if allowed and value not in allowed:
             raise ConfigError(
-                f"run config '{self.key}' = {value!r} is not allowed; choose one of: {', '.join(allowed)}"
+                f"run config '{self.key}' = {value!r} is not allowed{did_you_mean(str(value), allowed, VALUE_SYNONYMS)}; "
+                f"choose one of: {', '.join(allowed)}"
             )
         if isinstance(value, float) and not self.allow_inf and not math.isfinite(value):
             raise ConfigError(f"run config '{self.key}' = {value!r}: must be a finite number")

@@ -46,9 +46,10 @@ def project_defaults(app_dir: Path = PROJECT_DIR) -> dict[str, Any]:
     return dict(tomllib.loads((Path(app_dir) / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"])
 
 
-def check_output_dir(cfg: RunConfig) -> None:
+def check_output_dir(cfg: RunConfig, *, new_ok: bool = False) -> None:
     """``output-dir`` can be created and written on this machine, and the run folder of
-    ``run-name`` is free (``resume = false``) or can be resumed (``resume = true``)."""
+    ``run-name`` is free (``resume = false``) or can be resumed (``resume = true``: it must
+    exist, unless ``new_ok`` - a sweep resumes the runs it started and starts the others)."""
     out = cfg.resolved_output_dir()
     existing = out
     while not existing.exists() and existing != existing.parent:
@@ -63,11 +64,13 @@ def check_output_dir(cfg: RunConfig) -> None:
         )
     if not cfg.run_name:
         return
-    from fedvls_flwr.app.results import holds_run, read_resume_point
+    from fedvls_flwr.app.results import holds_run, missing_run_folder, read_resume_point
 
     run_dir = out / cfg.run_name
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"run config 'run-name' = {cfg.run_name!r}: {run_dir} is a file; choose another run-name")
+    if cfg.resume and not new_ok and (missing := missing_run_folder(run_dir)):
+        raise ConfigError(missing)
     if not holds_run(run_dir):
         return
     if not cfg.resume:

@@ -171,6 +171,11 @@ def load_preset(path: Path | str, *, sets: dict[str, Any] | None = None, seeds: 
     for grid in grids:
         if seeds is not None:
             grid["seed"] = seeds
+        for key, value in grid.items():
+            if isinstance(value, list) and not value:
+                raise PresetError(f"preset {path}: grid key {key!r} is an empty list, so the preset has no runs; "
+                                  f"give it at least one value (e.g. {key}: [{RunConfig().to_flower().get(key, '...')}]) "
+                                  "or remove the key to use the base value")
         keys = list(grid)
         values = [v if isinstance(v, list) else [v] for v in grid.values()]
         combos += [dict(zip(keys, combo)) for combo in itertools.product(*values)]

@@ -134,7 +134,7 @@ def run_preset(
     for run_config, _, _ in todo:  # a run folder that cannot be resumed: said now, not mid-sweep
         try:
             cfg = parse_run_config(run_config)
-            check_output_dir(cfg)
+            check_output_dir(cfg, new_ok=True)  # resume=true: continue a run started earlier, else start it
             check_tracking(cfg)
             planned.append((cfg.run_name, cfg.method, cfg.num_server_rounds))
         except ValueError as err:  # ConfigError, RunFolderError (which file, what to do)
