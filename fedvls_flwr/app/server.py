@@ -221,7 +221,7 @@ class ServerRun:
         """rounds.jsonl first, then the checkpoint (which records its round), then the state
         that points at both: a kill or a full disk between two writes leaves a checkpoint
         whose round rounds.jsonl holds (read_resume_point sorts out a stale state.json)."""
-        new = {c["partition_id"]: c["class_counts"] for c in report.clients if "partition_id" in c}
+        new = {c["partition_id"]: c["class_counts"] for c in report.clients if "partition_id" in c and "class_counts" in c}
         server_state = self.strategy.server_state()
         with self.results_written():
             if any(pid not in self.clients for pid in new):

@@ -1,0 +1,66 @@
+"""FedConcat in real Flower runs: 4 rounds that cross the stage boundary (K-means from the
+sites' shared label distributions, per-cluster FedAvg, then the head over the frozen encoders
+that every node keeps in its Context.state), with plain CE and with FedVLS in stage 1, in
+simulation; and in deployment, where every message runs in a fresh ClientApp process."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fedvls_flwr.app.launch import LocalSuperLink
+from fedvls_flwr.app.results import read_rounds
+from fedvls_flwr.deploy.local import run_local
+from tests.processes import leftovers
+
+pytestmark = pytest.mark.e2e
+
+BASE = {"dataset": "digits", "local-epochs": 1, "dirichlet-beta": 0.5, "num-server-rounds": 4,
+        "protocol": "fedconcat", "fedconcat-encoder-rounds": 2}
+
+
+def check(run_dir, nodes, k=2):
+    rounds = read_rounds(run_dir)
+    assert [(r["round"], r["stage"]) for r in rounds] == [(0, 1), (1, 1), (2, 1), (3, 2), (4, 2)]
+    for r in rounds[1:]:
+        assert r["clients_accepted"] == r["clients_sampled"] == nodes and r["failures"] == [], r["failures"]
+    assert all(r["accuracy"] is None for r in rounds[:3])  # stage 1: K cluster models, nothing to test
+    assert all(0.0 <= r["accuracy"] <= 1.0 for r in rounds[3:])
+    about = json.loads((run_dir / "protocol.json").read_text())
+    assert about["assignment_source"] == "k-means" and len(about["assignment"]) == nodes
+    assert set(about["assignment"].values()) == set(range(k))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["best_round"] >= 3
+    assert summary["stages"]["1"]["rounds"] == 2 and summary["stages"]["2"]["rounds"] == 2
+    return rounds
+
+
+def test_fedconcat_four_rounds_in_simulation_plain_and_with_fedvls(tmp_path):
+    out = tmp_path / "runs"
+    runs = {"fedconcat": {"method": "fedavg"}, "fedconcat-fedvls": {"method": "fedvls"},
+            "fedconcat-k4": {"method": "fedavg", "fedconcat-clusters": 4}}
+    with LocalSuperLink(tmp_path / "home") as link:
+        outcomes = {
+            name: link.wait(link.submit(run_config={**BASE, **parts, "output-dir": str(out), "run-name": name},
+                                        federation_config={"num-supernodes": 4, "client-resources-num-cpus": 1}),
+                            timeout=400)
+            for name, parts in runs.items()
+        }
+    for name, outcome in outcomes.items():
+        assert outcome.completed, f"{name}: {outcome.status}\n{outcome.log[-3000:]}"
+        rounds = check(out / name, 4, k=4 if name.endswith("k4") else 2)
+        if name == "fedconcat-fedvls":  # stage 1 trains with FedVLS's terms, stage 2 the head's CE
+            assert "train-cal" in rounds[1]["train"] and "train-head-ce" in rounds[3]["train"]
+
+
+def test_fedconcat_in_deployment_every_node_keeps_the_encoders(tmp_path):
+    config = {**BASE, "method": "fedavg", "output-dir": str(tmp_path / "runs"), "run-name": "fc",
+              "min-nodes": 2, "round-timeout": 300.0}
+    outcome, run_dir, pids = run_local(
+        2, secure=False, auth=False, run_config=config, workdir=tmp_path / "work", timeout=600, echo=False,
+        env_extra={"FEDVLS_CACHE_DIR": str(tmp_path / "cache")},
+    )
+    assert outcome.completed, f"{outcome.status}\n{outcome.log[-4000:]}"
+    assert leftovers(pids, tmp_path) == []
+    check(run_dir, 2)

@@ -1,0 +1,272 @@
+"""FedConcat checked against its authors' code (sjtudyq/FedConcat, experiments.py), each
+value computed here independently of the app's code path: the clustering input (counts / n_i),
+stage 1's per-cluster sample-weighted FedAvg, the new head over the concatenated frozen
+encoders (3 SGD mini-batches with torch.optim.SGD, head only), stage 2's unweighted head
+average; K = 1 in stage 1 is FedAvg; a run resumed in stage 1 or stage 2 equals a straight
+run bit for bit; the run config's rules."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.app.metadata import Metadata
+from flwr.supercore.task_identity import TaskIdentity
+from torch import nn
+
+from fedvls_flwr.algorithms.aggregation import Reply
+from fedvls_flwr.algorithms.fedconcat import (
+    ASSIGNMENT,
+    HEAD_BIAS,
+    HEAD_WEIGHT,
+    FedConcat,
+    cluster_sites,
+    encoder_rounds,
+)
+from fedvls_flwr.algorithms.rounds import build_protocol
+from fedvls_flwr.app.protocol import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, PARTITION_ID, SERVER_ROUND, TRAIN_LOSS
+from fedvls_flwr.app.results import read_rounds
+from fedvls_flwr.app.server import run_experiment
+from fedvls_flwr.config.run_config import ConfigError, RunConfig, parse_run_config
+from fedvls_flwr.models import build_model
+from tests.fake_grid import FakeGridBase
+
+
+@pytest.fixture(autouse=True, scope="module")
+def run_identity():
+    old = TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+    yield
+    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = old
+
+
+def protocol(**params) -> FedConcat:
+    cfg = RunConfig(protocol="fedconcat", num_server_rounds=params.pop("rounds", 4), seed=3,
+                    **{k.replace("-", "_"): v for k, v in params.items()})
+    p = build_protocol(cfg)
+    assert isinstance(p, FedConcat)
+    return p
+
+
+def test_the_authors_split_of_rounds():
+    # run.sh: 50 encoder rounds + 1000 classifier rounds; every stage at least one round
+    assert encoder_rounds(1050, 0) == 50 and encoder_rounds(4, 0) == 1 and encoder_rounds(2, 0) == 1
+    assert encoder_rounds(50, 0) == 2 and encoder_rounds(100, 7) == 7
+
+
+def test_clustering_reads_label_distributions_not_counts():
+    """The authors cluster counts / n_i: two sites with the same classes in the same
+    proportions but 10x the data belong together."""
+    p = protocol(fedconcat_clusters=2)
+    stats = {0: [50, 50, 0, 0], 1: [500, 500, 0, 0], 2: [0, 0, 5, 5], 3: [0, 1, 30, 29]}
+    model = {"w": np.zeros((2, 2), np.float32)}
+    state = p.initial_state(model, {k: {"class-counts": v} for k, v in stats.items()})
+    a = state[ASSIGNMENT]
+    assert a[0] == a[1] and a[2] == a[3] and a[0] != a[2]
+    np.testing.assert_allclose(p.site_distributions[3], np.array([0, 1, 30, 29]) / 60)
+    # seeded: the same input gives the same labels; all clusters start from equal, separate copies
+    again = cluster_sites(np.array([np.array(v) / sum(v) for v in stats.values()]), 2, seed=3)
+    np.testing.assert_array_equal(again, a)
+    assert state["cluster0/w"] is not state["cluster1/w"] and not np.shares_memory(state["cluster0/w"], model["w"])
+
+
+def reply(node, arrays, n):
+    return Reply(str(node), {k: np.asarray(v, np.float32) for k, v in arrays.items()}, float(n), {})
+
+
+def test_stage_one_is_sample_weighted_fedavg_inside_each_cluster():
+    p = protocol(fedconcat_clusters=2, fedconcat_assignment="0,1,0", fedconcat_encoder_rounds=2)
+    state = p.initial_state({"w": np.zeros(3, np.float32)}, {})
+    plan = p.plan(1, state, {11: 0, 12: 1, 13: 2, 14: None})
+    assert 14 not in plan  # unknown at the clustering: no part in stage 1
+    assert plan[11].group == plan[13].group == "cluster0" and plan[12].group == "cluster1"
+    new = p.aggregate(1, state, {"cluster0": [reply(11, {"w": [3, 0, 0]}, 1), reply(13, {"w": [0, 0, 1]}, 3)]})
+    np.testing.assert_allclose(new["cluster0/w"], [0.75, 0, 0.75])  # (1*[3,0,0] + 3*[0,0,1]) / 4
+    np.testing.assert_array_equal(new["cluster1/w"], np.zeros(3))  # no reply: unchanged
+
+
+def mlp_state(seed):
+    torch.manual_seed(seed)
+    model = build_model("mlp", (1, 8, 8), 10)
+    return model, {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+
+
+def test_end_of_stage_one_freezes_encoders_and_draws_a_new_head_or_concatenates_theirs():
+    model, arrays = mlp_state(0)
+    for init in ("random", "concat"):
+        p = protocol(fedconcat_clusters=2, fedconcat_assignment="0,1", fedconcat_encoder_rounds=1,
+                     fedconcat_head_init=init)
+        p.bind_model(model)
+        state = p.initial_state(arrays, {})
+        state["cluster1/5.weight"] = state["cluster1/5.weight"] + 1.0  # tell the clusters apart
+        new = p.aggregate(1, state, {})  # the last stage-1 round (no reply: models unchanged)
+        assert not any(k.startswith("cluster") for k in new)
+        np.testing.assert_array_equal(new["encoder1/5.weight"], state["cluster1/5.weight"])
+        assert new[HEAD_WEIGHT].shape == (10, 400) and new[HEAD_BIAS].shape == (10,)
+        if init == "concat":  # the authors' start for CIFAR-100: [W_0 | W_1], b_0 + b_1
+            np.testing.assert_array_equal(new[HEAD_WEIGHT][:, :200], state["cluster0/5.weight"])
+            np.testing.assert_array_equal(new[HEAD_WEIGHT][:, 200:], state["cluster1/5.weight"])
+            np.testing.assert_allclose(new[HEAD_BIAS], state["cluster0/5.bias"] + state["cluster1/5.bias"])
+        else:  # nn.Linear(400, 10)'s default init: uniform within 1/sqrt(400)
+            assert np.abs(new[HEAD_WEIGHT]).max() <= 1 / 20 and np.abs(new[HEAD_BIAS]).max() <= 1 / 20
+            again = p.aggregate(1, state, {})
+            np.testing.assert_array_equal(again[HEAD_WEIGHT], new[HEAD_WEIGHT])  # seeded: resume draws it again
+
+
+def test_stage_two_averages_heads_unweighted_and_sends_the_encoders_once():
+    model, arrays = mlp_state(0)
+    p = protocol(fedconcat_clusters=2, fedconcat_assignment="0,1", fedconcat_encoder_rounds=1)
+    p.bind_model(model)
+    state = p.aggregate(1, p.initial_state(arrays, {}), {})
+    first = p.plan(2, state, {11: 0, 12: 1})
+    assert any(k.startswith("encoder") for k in first[11].arrays) and set(first[11].reply_layout) == {HEAD_WEIGHT, HEAD_BIAS}
+    w = state[HEAD_WEIGHT]
+    replies = [reply(11, {HEAD_WEIGHT: w + 1, HEAD_BIAS: [1.0] * 10}, 5),
+               reply(12, {HEAD_WEIGHT: w + 4, HEAD_BIAS: [4.0] * 10}, 500)]
+    new = p.aggregate(2, state, {"head": replies})
+    np.testing.assert_allclose(new[HEAD_WEIGHT], w + 2.5, rtol=1e-6)  # the sizes (5, 500) do not weigh
+    np.testing.assert_allclose(new[HEAD_BIAS], np.full(10, 2.5))
+    second = p.plan(3, new, {11: 0, 12: 1, 13: 7})
+    assert set(second[11].arrays) == {HEAD_WEIGHT, HEAD_BIAS}  # already holds the encoders
+    assert any(k.startswith("encoder") for k in second[13].arrays)  # a late node gets them
+    p.forget_node(11)  # a node that failed may have lost its state: sent again
+    assert any(k.startswith("encoder") for k in p.plan(4, new, {11: 0})[11].arrays)
+
+
+class Data:
+    def __init__(self, x, y, num_classes=10):
+        self.x, self.y, self.num_classes, self.mean, self.std = x, y, num_classes, None, None
+
+
+def test_client_head_training_matches_torch_sgd_on_concatenated_features():
+    """The authors' train_net_classifier: SGD(classifier params, lr, momentum=rho, wd=reg),
+    one shuffled pass cut after 3 mini-batches, CE of classifier(concat(encoder_k(x)))."""
+    (m0, a0), (m1, a1) = mlp_state(1), mlp_state(2)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(150, 1, 8, 8, generator=g), torch.randint(0, 10, (150,), generator=g)
+    head_w, head_b = torch.randn(10, 400, generator=g) * 0.05, torch.zeros(10)
+    arrays = {**{f"encoder0/{k}": torch.from_numpy(v) for k, v in a0.items()},
+              **{f"encoder1/{k}": torch.from_numpy(v) for k, v in a1.items()},
+              HEAD_WEIGHT: head_w, HEAD_BIAS: head_b}
+    cfg = RunConfig(protocol="fedconcat", batch_size=64, lr=0.05, momentum=0.9, weight_decay=1e-3, augment=False)
+    weights, result = FedConcat.client_train(arrays, {"fedconcat-stage": 2}, cfg, Data(x, y),
+                                             lambda: build_model("mlp", (1, 8, 8), 10), None,
+                                             torch.device("cpu"), torch.Generator().manual_seed(9))
+    # reference: features by hand (each encoder's input to its last Linear), torch.optim.SGD
+    order = torch.randperm(150, generator=torch.Generator().manual_seed(9))
+    head = nn.Linear(400, 10)
+    head.load_state_dict({"weight": head_w.clone(), "bias": head_b.clone()})
+    opt = torch.optim.SGD(head.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3)
+    for s in range(3):  # 150 samples: 64 + 64 + 22
+        idx = order[s * 64:(s + 1) * 64]
+        feats = torch.cat([m0[:-1](x[idx]), m1[:-1](x[idx])], 1).detach()
+        opt.zero_grad()
+        nn.functional.cross_entropy(head(feats), y[idx]).backward()
+        opt.step()
+    torch.testing.assert_close(weights[HEAD_WEIGHT], head.weight.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(weights[HEAD_BIAS], head.bias.detach(), rtol=1e-5, atol=1e-6)
+    assert result.steps == 3 and result.num_examples == 150
+    # stage 1 is the ordinary local training
+    assert FedConcat.client_train(arrays, {"fedconcat-stage": 1}, cfg, Data(x, y), None, None,
+                                  torch.device("cpu"), g) is None
+
+
+def test_a_node_without_its_encoders_says_so():
+    cfg = RunConfig(protocol="fedconcat")
+    with pytest.raises(RuntimeError, match="frozen encoders"):
+        FedConcat.client_train({HEAD_WEIGHT: torch.zeros(10, 400), HEAD_BIAS: torch.zeros(10)}, {"fedconcat-stage": 2},
+                               cfg, Data(torch.zeros(4, 1, 8, 8), torch.zeros(4, dtype=torch.long)), None, None,
+                               torch.device("cpu"), torch.Generator())
+
+
+@pytest.mark.parametrize("changes, match", [
+    ({"num-server-rounds": 1}, "num-server-rounds >= 2"),
+    ({"num-server-rounds": 4, "fedconcat-encoder-rounds": 4}, "no round for stage 2"),
+    ({"server-optimizer": "fedadam"}, "server-optimizer='fedavg'"),
+    ({"evaluation": "federated"}, "server's test set"),
+    ({"fedconcat-assignment": "0,2,1"}, r"cluster\(s\) \[2\]"),
+    ({"fedconcat-assignment": "0;1"}, "comma-separated"),
+    ({"fedconcat-clusters": 0}, "fedconcat-clusters"),
+])
+def test_run_config_rules(changes, match):
+    with pytest.raises(ConfigError, match=match):
+        parse_run_config({"protocol": "fedconcat", **changes})
+
+
+# ---- the whole server: K = 1 is FedAvg, resume in either stage equals a straight run ----------
+class ConcatGrid(FakeGridBase):
+    """Deterministic clients: the received weights moved by a function of (node, round); stage 2
+    replies the head only; queries answer the node's partition (node - 11)."""
+
+    def __init__(self, nodes=(11, 12, 13, 14), stop_at=None):
+        super().__init__(nodes)
+        self.stop_at = stop_at
+
+    def answer(self, messages):
+        replies = []
+        for msg in messages:
+            node = msg.metadata.dst_node_id
+            config = msg.content[CONFIG]
+            server_round = int(config[SERVER_ROUND])
+            if self.stop_at is not None and server_round >= self.stop_at:
+                raise KeyboardInterrupt("server killed")
+            metrics = {PARTITION_ID: node - 11}
+            content = RecordDict()
+            if msg.metadata.message_type == "train":
+                rng = np.random.default_rng([node, server_round])
+                sent = {k: a.numpy() for k, a in msg.content[ARRAYS].items() if not k.startswith("encoder")}
+                content[ARRAYS] = ArrayRecord({k: Array(np.require(
+                    v + (0.05 * rng.standard_normal(v.shape)).astype(v.dtype) if v.dtype.kind == "f" else v,
+                    requirements="C")) for k, v in sent.items()})
+                metrics.update({NUM_EXAMPLES: 10 + node, TRAIN_LOSS: float(server_round)})
+            content[METRICS] = MetricRecord(metrics)
+            meta = Metadata(run_id=1, message_id=f"r{node}-{server_round}", src_node_id=node, dst_node_id=0,
+                            reply_to_message_id="x", group_id="1", created_at=time.time(), ttl=60.0,
+                            message_type=msg.metadata.message_type)
+            replies.append(Message(content, metadata=meta))
+        return replies
+
+
+def concat_config(out, **changes):
+    settings = dict(dataset="digits", num_server_rounds=5, output_dir=str(out), run_name="r", protocol="fedconcat",
+                    fedconcat_clusters=2, fedconcat_assignment="0,1,0,1", fedconcat_encoder_rounds=2,
+                    deterministic=True, round_retries=0)
+    return RunConfig(**{**settings, **changes})
+
+
+def history(run_dir):
+    return [(r["round"], r.get("stage"), r["accuracy"], r["loss"]) for r in read_rounds(run_dir)]
+
+
+def test_k_equal_one_stage_one_is_fedavg(tmp_path):
+    fedavg = run_experiment(ConcatGrid(), RunConfig(dataset="digits", num_server_rounds=2, output_dir=str(tmp_path),
+                                                    run_name="avg", deterministic=True, method="fedavg"))
+    concat = run_experiment(ConcatGrid(), concat_config(tmp_path, run_name="k1", fedconcat_clusters=1,
+                                                        fedconcat_assignment="0,0,0,0", num_server_rounds=3,
+                                                        method="fedavg"))
+    from fedvls_flwr.app.results import CHECKPOINT_FILE, load_arrays
+    ref = load_arrays(fedavg / CHECKPOINT_FILE)  # the global model after FedAvg's round 2
+    got = load_arrays(concat / "model_final.npz")  # its encoder 0 = cluster 0 after stage 1's 2 rounds
+    model_keys = [k for k in ref if not k.startswith("__")]  # the checkpoint also records its round
+    assert model_keys
+    for key in model_keys:
+        np.testing.assert_array_equal(got[f"encoder0/{key}"], ref[key])
+
+
+@pytest.mark.parametrize("stop_at", [2, 4])  # killed in stage 1 (round 2), in stage 2 (round 4)
+def test_resumed_in_either_stage_equals_a_straight_run(tmp_path, stop_at):
+    straight = run_experiment(ConcatGrid(), concat_config(tmp_path / "a"))
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(ConcatGrid(stop_at=stop_at), concat_config(tmp_path / "b"))
+    resumed = run_experiment(ConcatGrid(), concat_config(tmp_path / "b", resume=True))
+    assert history(resumed) == history(straight)
+    assert [h[1] for h in history(straight)] == [1, 1, 1, 2, 2, 2]
+    assert all(h[2] is None for h in history(straight)[:3]) and all(h[2] is not None for h in history(straight)[3:])
+    about = json.loads((straight / "protocol.json").read_text())
+    assert about["assignment"] == {"0": 0, "1": 1, "2": 0, "3": 1} and about["classifier_rounds"] == 3
+    summary = json.loads((resumed / "summary.json").read_text())
+    assert summary["stages"]["1"]["rounds"] == 2 and summary["stages"]["2"]["rounds"] == 3
