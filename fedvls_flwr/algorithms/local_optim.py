@@ -1,7 +1,9 @@
 """Local optimizers: how a client turns its objective's gradients into steps
 (run-config ``local-optimizer``). Every local objective works with every one of them.
 
-Both take a ``closure`` that clears the gradients, runs the forward pass and the
+Every one is built as ``cls(sgd, params, received)``: the SGD update, its own settings and
+what the server sent with the weights this round (:class:`~fedvls_flwr.algorithms.downlink.Received`;
+only FedGF reads it). Each takes a ``closure`` that clears the gradients, runs the forward pass and the
 objective, back-propagates and returns the detached loss terms; the optimizer decides
 where (at which weights) and how often the closure runs. The update itself is
 :class:`fedvls_flwr.algorithms.sgd.LocalSGD` (``torch.optim.SGD``'s arithmetic): learning rate,
@@ -16,6 +18,7 @@ from typing import Any, cast
 
 import torch
 
+from fedvls_flwr.algorithms.downlink import Received
 from fedvls_flwr.algorithms.sgd import LocalSGD
 
 Closure = Callable[[], torch.Tensor]
@@ -24,7 +27,7 @@ Closure = Callable[[], torch.Tensor]
 class SGDStep:
     """Plain (momentum) SGD: one gradient, one step."""
 
-    def __init__(self, sgd: LocalSGD, params: Mapping[str, Any]) -> None:
+    def __init__(self, sgd: LocalSGD, params: Mapping[str, Any], received: Received | None = None) -> None:
         self.sgd = sgd
 
     def step(self, closure: Closure) -> torch.Tensor:
@@ -44,21 +47,28 @@ class SAMStep:
     Two forward/backward passes per step.
     """
 
-    def __init__(self, sgd: LocalSGD, params: Mapping[str, Any]) -> None:
+    def __init__(self, sgd: LocalSGD, params: Mapping[str, Any], received: Received | None = None) -> None:
         self.sgd = sgd
         self.rho = float(params["sam-rho"])
 
     def step(self, closure: Closure) -> torch.Tensor:
         terms = closure()
-        params: list[torch.Tensor] = [p for p in self.sgd.params if p.grad is not None]
-        grads: list[torch.Tensor] = [cast(torch.Tensor, p.grad) for p in params]
-        with torch.no_grad():
-            norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-            scale = self.rho / (norm + 1e-12)
-            eps = torch._foreach_mul(grads, scale)
-            torch._foreach_add_(params, eps)
+        params, eps = sam_ascent(self.sgd, self.rho)
         closure()  # gradients at w + e
         with torch.no_grad():
             torch._foreach_sub_(params, eps)
         self.sgd.step()
         return terms
+
+
+@torch.no_grad()
+def sam_ascent(sgd: LocalSGD, rho: float) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """SAM's ascent from the gradients just computed: w <- w + e, e = rho * g / (||g|| + 1e-12),
+    one norm over every parameter that has a gradient. Returns those parameters and e."""
+    params: list[torch.Tensor] = [p for p in sgd.params if p.grad is not None]
+    grads: list[torch.Tensor] = [cast(torch.Tensor, p.grad) for p in params]
+    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    scale = rho / (norm + 1e-12)
+    eps = list(torch._foreach_mul(grads, scale))
+    torch._foreach_add_(params, eps)
+    return params, eps

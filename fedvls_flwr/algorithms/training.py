@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 from torch import nn
@@ -32,8 +33,9 @@ from fedvls_flwr.data.node_data import ClientData
 from fedvls_flwr.models import FeatureTap, ProjectionModel
 
 if TYPE_CHECKING:
-    from fedvls_flwr.algorithms.local_optim import SAMStep, SGDStep
+    from fedvls_flwr.algorithms.local_optim import Closure
 from fedvls_flwr.algorithms.batchnorm import batch_bounds, has_batchnorm
+from fedvls_flwr.algorithms.downlink import Received
 from fedvls_flwr.algorithms.objectives import Objective, build_objective
 from fedvls_flwr.algorithms.sgd import LocalSGD
 
@@ -189,6 +191,7 @@ def train_local(
     generator: torch.Generator,
     state: ClientState | None = None,
     cache_teacher: bool = True,
+    received: Received | None = None,
 ) -> TrainResult:
     """Train ``model`` (holding the global weights) in place on a client's ``data`` with the
     configured objective and local optimizer.
@@ -202,7 +205,8 @@ def train_local(
     ``cfg.amp`` enables bfloat16 autocast when ``device`` is CUDA (see the module docstring).
     ``cache_teacher=False`` forces the teacher's forward pass on every batch (the reference
     the once-per-round cache is tested against). ``state`` is read and updated in place
-    (MOON's previous model, carried momentum).
+    (MOON's previous model, carried momentum). ``received``: what the server sent with the
+    weights for the local optimizer (FedGF's perturbed global model and c; empty if None).
     """
     state = state if state is not None else ClientState()
     model.to(device)
@@ -217,7 +221,7 @@ def train_local(
     objective.bind_global(model)
     teacher = TeacherRows.build(objective, model, state, x, y, transform, autocast, cfg, device, cache_teacher)
     sgd = _local_sgd(model, cfg, state, device)
-    optimizer = build_local_optimizer(cfg, sgd)
+    optimizer = build_local_optimizer(cfg, sgd, received, model)
     tap = FeatureTap(model) if objective.features == "penultimate" else None
 
     def step(idx: torch.Tensor) -> torch.Tensor:
@@ -271,9 +275,21 @@ def train_local(
     )
 
 
-def build_local_optimizer(cfg: RunConfig, sgd: LocalSGD) -> SGDStep | SAMStep:
-    """The run's local optimizer (``local-optimizer``) around the SGD update."""
-    return get_part("local-optimizer", cfg.local_optimizer).load()(sgd, part_params(cfg, "local-optimizer"))
+class LocalOptimizer(Protocol):
+    def step(self, closure: Closure) -> torch.Tensor: ...
+
+
+def build_local_optimizer(cfg: RunConfig, sgd: LocalSGD, received: Received | None = None,
+                          model: nn.Module | None = None) -> LocalOptimizer:
+    """The run's local optimizer (``local-optimizer``) around the SGD update, given what the
+    server sent with the weights (empty if None). With ``model``, ``received.param_names``
+    is filled with the state-dict names of ``sgd.params`` when it is empty."""
+    received = received if received is not None else Received()
+    if model is not None and not received.param_names:
+        names = [name for name, p in model.named_parameters() if p.requires_grad]
+        received = dataclasses.replace(received, param_names=names)
+    part = get_part("local-optimizer", cfg.local_optimizer)
+    return cast("LocalOptimizer", part.load()(sgd, part_params(cfg, "local-optimizer"), received))
 
 
 def mode_dependent(model: nn.Module) -> bool:
