@@ -207,9 +207,8 @@ def test_fedgf_composes_with_the_objective(method, monkeypatch):
     app = _round(cfg, received)
     sam = _round(cfg.replace(local_optimizer="sam"))
 
-    def naive(cfg, sgd, received=None, model=None):
-        names = [n for n, p in model.named_parameters() if p.requires_grad]
-        return NaiveFedGF(sgd, {"sam-rho": cfg.sam_rho}, Received(received.arrays, received.values, names))
+    def naive(cfg, sgd, received):  # train_local has set received.param_names
+        return NaiveFedGF(sgd, {"sam-rho": cfg.sam_rho}, received)
 
     monkeypatch.setattr(training, "build_local_optimizer", naive)
     ref = _round(cfg, received)

@@ -28,7 +28,7 @@ import torch
 
 from fedvls_flwr.algorithms.aggregation import ArrayDict, Reply
 
-__all__ = ["Downlink", "Received", "ServerCompanion"]
+__all__ = ["Downlink", "Received", "ServerCompanion", "build_companions", "merge_downlinks"]
 
 
 @dataclass
@@ -51,6 +51,8 @@ class Received:
 
     arrays: dict[str, torch.Tensor] = field(default_factory=dict)
     values: dict[str, float] = field(default_factory=dict)
+    #: the state-dict names of the local optimizer's parameters, in its order (set by the
+    #: training loop), so a part can line ``arrays`` up with them
     param_names: list[str] = field(default_factory=list)
 
 
@@ -74,3 +76,25 @@ class ServerCompanion:
     def load_state(self, state: ArrayDict) -> None:
         if state:
             raise ValueError(f"{type(self).__name__} keeps no state, got {sorted(state)[:3]}")
+
+
+def build_companions(values: Mapping[str, Any]) -> dict[str, ServerCompanion]:
+    """The server companions of a run's parts (part name -> companion), from a run config."""
+    from fedvls_flwr.config.registry import run_parts
+
+    return {
+        part.name: part.load_server()(part.params(values))
+        for part in run_parts(values).values() if part.server is not None
+    }
+
+
+def merge_downlinks(downlinks: Mapping[str, Downlink]) -> Downlink:
+    """One message's downlink from every companion's (a key sent by two parts is a bug)."""
+    merged = Downlink()
+    for name, downlink in downlinks.items():
+        clash = sorted((set(merged.arrays) & set(downlink.arrays)) | (set(merged.values) & set(downlink.values)))
+        if clash:
+            raise ValueError(f"part {name!r} sends {clash[:3]}, which another part sends too")
+        merged.arrays.update(downlink.arrays)
+        merged.values.update(downlink.values)
+    return merged

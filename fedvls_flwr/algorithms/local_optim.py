@@ -1,9 +1,10 @@
 """Local optimizers: how a client turns its objective's gradients into steps
 (run-config ``local-optimizer``). Every local objective works with every one of them.
 
-Every one is built as ``cls(sgd, params, received)``: the SGD update, its own settings and
-what the server sent with the weights this round (:class:`~fedvls_flwr.algorithms.downlink.Received`;
-only FedGF reads it). Each takes a ``closure`` that clears the gradients, runs the forward pass and the
+Each is built from the SGD update, its settings and what the server sent it besides the
+weights (:class:`fedvls_flwr.algorithms.downlink.Received`; unused by these two; FedGF's step,
+:mod:`fedvls_flwr.algorithms.fedgf`, reads it). Each takes
+a ``closure`` that clears the gradients, runs the forward pass and the
 objective, back-propagates and returns the detached loss terms; the optimizer decides
 where (at which weights) and how often the closure runs. The update itself is
 :class:`fedvls_flwr.algorithms.sgd.LocalSGD` (``torch.optim.SGD``'s arithmetic): learning rate,

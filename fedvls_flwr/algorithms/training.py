@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -205,8 +204,8 @@ def train_local(
     ``cfg.amp`` enables bfloat16 autocast when ``device`` is CUDA (see the module docstring).
     ``cache_teacher=False`` forces the teacher's forward pass on every batch (the reference
     the once-per-round cache is tested against). ``state`` is read and updated in place
-    (MOON's previous model, carried momentum). ``received``: what the server sent with the
-    weights for the local optimizer (FedGF's perturbed global model and c; empty if None).
+    (MOON's previous model, carried momentum). ``received``: what the server sent besides the
+    weights for the run's local optimizer (FedGF's perturbed global point and c).
     """
     state = state if state is not None else ClientState()
     model.to(device)
@@ -221,7 +220,9 @@ def train_local(
     objective.bind_global(model)
     teacher = TeacherRows.build(objective, model, state, x, y, transform, autocast, cfg, device, cache_teacher)
     sgd = _local_sgd(model, cfg, state, device)
-    optimizer = build_local_optimizer(cfg, sgd, received, model)
+    received = received if received is not None else Received()
+    received.param_names = [name for name, p in model.named_parameters() if p.requires_grad]
+    optimizer = build_local_optimizer(cfg, sgd, received)
     tap = FeatureTap(model) if objective.features == "penultimate" else None
 
     def step(idx: torch.Tensor) -> torch.Tensor:
@@ -279,17 +280,12 @@ class LocalOptimizer(Protocol):
     def step(self, closure: Closure) -> torch.Tensor: ...
 
 
-def build_local_optimizer(cfg: RunConfig, sgd: LocalSGD, received: Received | None = None,
-                          model: nn.Module | None = None) -> LocalOptimizer:
-    """The run's local optimizer (``local-optimizer``) around the SGD update, given what the
-    server sent with the weights (empty if None). With ``model``, ``received.param_names``
-    is filled with the state-dict names of ``sgd.params`` when it is empty."""
-    received = received if received is not None else Received()
-    if model is not None and not received.param_names:
-        names = [name for name, p in model.named_parameters() if p.requires_grad]
-        received = dataclasses.replace(received, param_names=names)
+def build_local_optimizer(cfg: RunConfig, sgd: LocalSGD, received: Received | None = None) -> LocalOptimizer:
+    """The run's local optimizer (``local-optimizer``) around the SGD update, with what the
+    server sent it besides the weights."""
     part = get_part("local-optimizer", cfg.local_optimizer)
-    return cast("LocalOptimizer", part.load()(sgd, part_params(cfg, "local-optimizer"), received))
+    return cast("LocalOptimizer", part.load()(sgd, part_params(cfg, "local-optimizer"),
+                                              received if received is not None else Received()))
 
 
 def mode_dependent(model: nn.Module) -> bool:

@@ -12,8 +12,9 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from fedvls_flwr.algorithms.device import describe_device, peak_gpu_memory, set_deterministic
+from fedvls_flwr.algorithms.downlink import Received
 from fedvls_flwr.algorithms.run_model import build_run_model
-from fedvls_flwr.algorithms.training import ClientState, evaluate, resolve_device, train_local
+from fedvls_flwr.algorithms.training import ClientState, evaluate, resolve_device, to_device, train_local
 from fedvls_flwr.app import protocol
 from fedvls_flwr.app.events import CLIENT_DATA, emit
 from fedvls_flwr.app.messages import MetricValue, arrays_in, config_in, integer
@@ -55,6 +56,17 @@ def save_client_state(record: RecordDict, state: ClientState) -> None:
         record[protocol.STATE_MOMENTUM + "-count"] = ConfigRecord({"count": len(state.momentum)})
 
 
+def received_downlink(content: RecordDict, device: torch.device) -> Received:
+    """What the run's parts sent besides the weights (algorithms/downlink.py); empty if nothing."""
+    received = Received()
+    if protocol.DOWNLINK in content.array_records:
+        received.arrays = {k: to_device(v, device) for k, v in
+                           arrays_in(content, protocol.DOWNLINK).to_torch_state_dict().items()}
+    if protocol.DOWNLINK_VALUES in content.config_records:
+        received.values = {k: float(v) for k, v in config_in(content, protocol.DOWNLINK_VALUES).items()}  # type: ignore[arg-type]
+    return received
+
+
 def train_round(content: RecordDict, node_config: dict[str, Any], client_state: RecordDict | None = None) -> RecordDict:
     """One round of local training. ``client_state``: Flower's ``Context.state`` of this
     node, read and updated for the methods that keep state between rounds."""
@@ -78,7 +90,8 @@ def train_round(content: RecordDict, node_config: dict[str, Any], client_state: 
     generator = torch.Generator().manual_seed(seed)
     state = load_client_state(client_state)
     with peak_gpu_memory(device) as peak_mb:
-        result = train_local(model, data, cfg, device=device, generator=generator, state=state)
+        result = train_local(model, data, cfg, device=device, generator=generator, state=state,
+                             received=received_downlink(content, device))
     if client_state is not None:
         save_client_state(client_state, state)
     metrics: dict[str, MetricValue] = {

@@ -14,6 +14,11 @@ ARRAYS = "arrays"
 CONFIG = "config"
 METRICS = "metrics"
 
+# what a part's server companion sends with the weights (algorithms/downlink.py): arrays in an
+# ArrayRecord DOWNLINK and scalar values in a ConfigRecord DOWNLINK_VALUES
+DOWNLINK = "downlink"
+DOWNLINK_VALUES = "downlink-values"
+
 # config record: the run config's keys plus
 SERVER_ROUND = "server-round"
 

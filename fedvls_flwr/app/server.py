@@ -50,10 +50,7 @@ from fedvls_flwr.config.run_config import ConfigError, RunConfig, model_name
 from fedvls_flwr.data.datasets import DatasetBundle, DatasetNotFoundError, image_format
 from fedvls_flwr.data.node_data import dataset_for
 
-__all__ = ["RESUMABLE_CHANGES", "SERVER_STATE_PREFIX", "ResultsWriteError", "run_dir_for", "run_experiment"]
-
-#: Checkpoint arrays under this prefix are the server optimizer's state, not the model's.
-SERVER_STATE_PREFIX = "server-optimizer/"
+__all__ = ["RESUMABLE_CHANGES", "ResultsWriteError", "run_dir_for", "run_experiment"]
 
 
 class ResultsWriteError(RuntimeError):
@@ -145,7 +142,7 @@ class ServerRun:
         log(INFO, "%s on %s (%s), %s evaluation, results in %s",
             self.label, cfg.dataset, model_name(cfg), self.evaluation, self.run_dir)
         self.strategy = CheckedFedAvg(cfg)
-        self.saved_arrays = None if saved_arrays is None else self._restore_server_optimizer(saved_arrays)
+        self.saved_arrays = None if saved_arrays is None else self.strategy.load_server_state(saved_arrays)
         self.clients: dict[int, list[int]] = {}  # partition id -> class counts, as the clients reported
 
     @contextmanager
@@ -155,13 +152,6 @@ class ServerRun:
             yield
         except OSError as err:
             raise _write_failed(err, self.cfg, self.run_dir, self.saved_round, self.cfg.num_server_rounds) from err
-
-    def _restore_server_optimizer(self, arrays: dict) -> dict:
-        """Hand the checkpoint's server-optimizer state back; the rest is the global model."""
-        self.strategy.server_optimizer.load_state(
-            {k[len(SERVER_STATE_PREFIX):]: v for k, v in arrays.items() if k.startswith(SERVER_STATE_PREFIX)}
-        )
-        return {k: v for k, v in arrays.items() if not k.startswith(SERVER_STATE_PREFIX)}
 
     def evaluate_global(self, arrays: ArrayRecord, server_round: int = 0) -> dict:
         """The accuracy a round reports, of the model the server optimizer says to evaluate
@@ -220,7 +210,7 @@ class ServerRun:
         that points at both: a kill or a full disk between two writes leaves a checkpoint
         whose round rounds.jsonl holds (read_resume_point sorts out a stale state.json)."""
         new = {c["partition_id"]: c["class_counts"] for c in report.clients if "partition_id" in c}
-        server_state = {SERVER_STATE_PREFIX + k: v for k, v in self.strategy.server_optimizer.state().items()}
+        server_state = self.strategy.server_state()
         with self.results_written():
             if any(pid not in self.clients for pid in new):
                 self.clients.update(new)

@@ -37,6 +37,7 @@ from fedvls_flwr.algorithms.aggregation import (
     drift_diversity,
     weighted_average,
 )
+from fedvls_flwr.algorithms.downlink import Downlink, build_companions, merge_downlinks
 from fedvls_flwr.algorithms.server_optim import build_server_optimizer
 from fedvls_flwr.app import protocol
 from fedvls_flwr.app.events import ROUND_START, emit
@@ -55,6 +56,11 @@ from fedvls_flwr.app.messages import (
 )
 from fedvls_flwr.config.registry import part_params
 from fedvls_flwr.config.run_config import RunConfig
+
+#: Checkpoint arrays under these prefixes are the server optimizer's state and each part's
+#: server companion's state (``companion/<part>/``), not the global model's.
+SERVER_STATE_PREFIX = "server-optimizer/"
+COMPANION_STATE_PREFIX = "companion/"
 
 #: Seconds a simulation's ServerApp waits for Flower to register its nodes (all at once, in
 #: memory, right after the ServerApp starts) before fewer than min-nodes is final.
@@ -100,6 +106,9 @@ class CheckedFedAvg(FedAvg):
         )
         self.cfg = cfg
         self.server_optimizer = build_server_optimizer(cfg.server_optimizer, part_params(cfg, "server-optimizer"))
+        self.companions = build_companions(cfg.to_flower())  # parts with state on the server (FedGF)
+        self._downlink = Downlink()  # what the companions send with this round's weights
+        self._accepted: list[Reply] = []  # the accepted replies of the last aggregation
         self.report = RoundReport(0)
         self._federation_assembled = False  # min-nodes were connected once (see _wait_for_nodes)
         self.partitions: dict[int, int] = {}  # node id -> partition id (queries and replies)
@@ -182,6 +191,9 @@ class CheckedFedAvg(FedAvg):
         log(INFO, "round %d: training on %d of %d nodes", server_round, len(sampled), len(node_ids))
         emit(ROUND_START, round=server_round, sampled=len(sampled), nodes=len(node_ids), attempt=self.report.attempts)
         record = RecordDict({protocol.ARRAYS: arrays, protocol.CONFIG: self.round_config(server_round)})
+        if self._downlink:
+            record[protocol.DOWNLINK] = to_array_record(self._downlink.arrays)
+            record[protocol.DOWNLINK_VALUES] = ConfigRecord(dict(self._downlink.values))
         # Largest clients first (their sizes are known from earlier replies): with fewer
         # workers than clients, a large client started last would finish the round alone.
         order = sorted(sampled, key=lambda n: (-self.sizes.get(n, math.inf), n))
@@ -283,6 +295,7 @@ class CheckedFedAvg(FedAvg):
         # client happened to finish first, so a run (and its resume) is reproducible bit for bit.
         accepted.sort(key=lambda r: (self.partitions.get(int(r.client), math.inf), r.client))
         self.report.accepted = len(accepted)
+        self._accepted = accepted
         if accepted and reference is not None:
             self.report.drift_diversity = drift_diversity([r.arrays for r in accepted], reference)
         if not accepted:
@@ -348,6 +361,24 @@ class CheckedFedAvg(FedAvg):
         scalars = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
         return Reply(node, to_numpy_dict(arrays_in(content, protocol.ARRAYS)), num_examples, scalars), None
 
+    # ---- state kept on the server -------------------------------------------
+    def server_state(self) -> dict[str, np.ndarray]:
+        """What a checkpoint keeps besides the global model: the server optimizer's and the
+        companions' state, each under its prefix."""
+        state = {SERVER_STATE_PREFIX + k: v for k, v in self.server_optimizer.state().items()}
+        for name, companion in self.companions.items():
+            state.update({f"{COMPANION_STATE_PREFIX}{name}/{k}": v for k, v in companion.state().items()})
+        return state
+
+    def load_server_state(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Hand a checkpoint's server state back to its owners; returns the global model's arrays."""
+        self.server_optimizer.load_state(
+            {k[len(SERVER_STATE_PREFIX):]: v for k, v in arrays.items() if k.startswith(SERVER_STATE_PREFIX)})
+        for name, companion in self.companions.items():
+            prefix = f"{COMPANION_STATE_PREFIX}{name}/"
+            companion.load_state({k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)})
+        return {k: v for k, v in arrays.items() if not k.startswith((SERVER_STATE_PREFIX, COMPANION_STATE_PREFIX))}
+
     # ---- federated evaluation ------------------------------------------------
     def evaluate_federated(self, grid: Grid, arrays: ArrayRecord, server_round: int) -> dict:
         """The global model on every node's local test split, pooled per class."""
@@ -390,6 +421,7 @@ class CheckedFedAvg(FedAvg):
         ceil(min-fit-fraction x sampled) clients (and at least one) gave usable replies;
         otherwise it is re-run up to round-retries times, then the run stops."""
         reference = to_numpy_dict(arrays)
+        self._downlink = merge_downlinks({name: c.downlink(server_round, reference) for name, c in self.companions.items()})
         for attempt in range(self.cfg.round_retries + 1):
             messages = list(self.configure_train(server_round, arrays, ConfigRecord(), grid))
             replies = exchange(grid, messages, self.cfg.round_timeout)
@@ -398,6 +430,10 @@ class CheckedFedAvg(FedAvg):
             new_arrays, _ = self.aggregate_train(server_round, replies, reference)
             needed = self.min_replies(self.report.sampled)
             if new_arrays is not None and self.report.accepted >= needed:
+                if self.companions:
+                    new_global = to_numpy_dict(new_arrays)
+                    for companion in self.companions.values():
+                        companion.observe(server_round, reference, new_global, self._accepted)
                 return new_arrays
             log(
                 WARNING, "round %d attempt %d: %d usable replies of %d sampled, %d needed (min-fit-fraction %.2f)",
