@@ -11,8 +11,12 @@ SGD with momentum, 5 local epochs - with the class counts of a Dirichlet-0.05 cl
 time of a whole round divided by its steps, so the once-per-round teacher forward is
 included. MOON is timed in a client's second round (its previous model present).
 
+FedGF is timed from its second round on: the client receives a perturbed global model and
+c = 0.3 (its first round, with nothing received, is FedSAM's step).
+
 Server side: one ``step`` of each server optimizer on the MLP's arrays with 10 clients'
-replies (the checked average is computed before and not timed).
+replies (the checked average is computed before and not timed); for FedGF, its server
+companion's ``observe`` and ``downlink`` (D, w_g and c) on top of FedAvg's average.
 
 Prints Markdown tables. Repeats are interleaved across configurations so a busy machine
 distorts the comparison less.
@@ -32,6 +36,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from fedvls_flwr.algorithms.aggregation import Reply, weighted_average  # noqa: E402
+from fedvls_flwr.algorithms.downlink import Received  # noqa: E402
+from fedvls_flwr.algorithms.fedgf import FedGFServer  # noqa: E402
 from fedvls_flwr.algorithms.run_model import build_run_model  # noqa: E402
 from fedvls_flwr.algorithms.server_optim import build_server_optimizer  # noqa: E402
 from fedvls_flwr.algorithms.training import ClientState, train_local  # noqa: E402
@@ -52,9 +58,11 @@ LOCAL = {
     "fedvls": {"method": "fedvls"},
     "fedavg + sam": {"local_optimizer": "sam"},
     "fedvls + sam": {"method": "fedvls", "local_optimizer": "sam"},
+    "fedavg + fedgf": {"local_optimizer": "fedgf"},
+    "fedvls + fedgf": {"method": "fedvls", "local_optimizer": "fedgf"},
     "fedavg, momentum carried": {"optimizer_state": "carry"},
 }
-SERVER = ["fedavg", "fedexp", "fedavgm", "fedadam", "fedyogi", "fedadagrad"]
+SERVER = ["fedavg", "fedexp", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "fedavg + fedgf companion"]
 
 
 def client_data(n: int = 1024):
@@ -69,17 +77,27 @@ def local_round_ms_per_step(overrides: dict, x, y, epochs: int) -> float:
     torch.manual_seed(0)
     model = build_run_model(cfg, (1, 28, 28), 10)
     state = ClientState()
-    if get_part("method", cfg.method).client_state:  # a second round: the previous model is there
+    received = Received()
+    if cfg.local_optimizer == "fedgf":  # a later round: a perturbed global model and c = 0.3 arrive
+        g = torch.Generator().manual_seed(3)
+        received = Received({k: v + 0.01 * torch.randn(v.shape, generator=g) for k, v in model.state_dict().items()},
+                            {"c": 0.3})
+    if get_part("method", cfg.method).load().teacher_output == "projections":  # MOON: a second round, its previous model there
         train_local(model, ClientData(x, y, 10, None, None), cfg.replace(local_epochs=1), device=torch.device("cpu"),
                     generator=torch.Generator().manual_seed(1), state=state)
     start = time.perf_counter()
     res = train_local(model, ClientData(x, y, 10, None, None), cfg, device=torch.device("cpu"),
                       generator=torch.Generator().manual_seed(2),
-                      state=state)
+                      state=state, received=received)
     return (time.perf_counter() - start) / res.steps * 1e3
 
 
 def server_step_ms(name: str, rounds: int = 5) -> float:
+    companion = None
+    if name.endswith("fedgf companion"):
+        cfg = RunConfig(local_optimizer="fedgf")
+        companion = FedGFServer(get_part("local-optimizer", "fedgf").params(cfg.to_flower()))
+        name = "fedavg"
     cfg = RunConfig(server_optimizer=name, fedavgm_momentum=0.9)
     params = get_part("server-optimizer", name).params(cfg.to_flower())
     opt = build_server_optimizer(name, params)
@@ -92,8 +110,12 @@ def server_step_ms(name: str, rounds: int = 5) -> float:
                          100 + i, {}) for i in range(10)]
         avg = weighted_average(replies, w)
         start = time.perf_counter()
-        w = opt.step(t, w, avg, replies)
+        new = opt.step(t, w, avg, replies)
+        if companion is not None:
+            companion.observe(t, w, new, replies)
+            companion.downlink(t + 1, new)
         times.append(time.perf_counter() - start)
+        w = new
     return statistics.median(times) * 1e3
 
 

@@ -48,7 +48,7 @@ def test_a_methods_key_is_validated_once_with_one_spelling():
 def test_shared_settings_are_one_declaration():
     assert len({s.key for s in method_settings()}) == len(method_settings())
     assert {name for _, name in owners("teacher-mode")} == {"fedntd", "fedlmd", "fedvls", "fedvls-paper"}
-    assert owners("sam-rho") == (("local-optimizer", "sam"),)
+    assert owners("sam-rho") == (("local-optimizer", "sam"), ("local-optimizer", "fedgf"))
     assert owners("lr") == ()
     assert [m.name for m in METHODS] == list(method_names())
 
@@ -82,7 +82,7 @@ def test_a_stale_generated_file_is_named(tmp_path):
     assert "lr = 0.01" in pyproject.read_text() and "[tool.pytest.ini_options]" in pyproject.read_text()
 
 
-@pytest.mark.parametrize("local", ["sgd", "sam"])
+@pytest.mark.parametrize("local", ["sgd", "sam", "fedgf"])
 @pytest.mark.parametrize("method", method_names())
 def test_every_method_trains_with_every_local_optimizer_and_optimizer_state(method, local):
     from fedvls_flwr.algorithms.run_model import build_run_model

@@ -45,7 +45,9 @@ class Downlink:
 @dataclass
 class Received:
     """The downlink as a client sees it: tensors on its training device, scalar values.
-    Empty when the server sent nothing this round (e.g. FedGF's first round)."""
+    Empty when the server sent nothing this round (e.g. FedGF's first round).
+    ``param_names``: the state-dict names of the local optimizer's parameters
+    (``LocalSGD.params``), in the same order, so a part can match arrays to parameters."""
 
     arrays: dict[str, torch.Tensor] = field(default_factory=dict)
     values: dict[str, float] = field(default_factory=dict)

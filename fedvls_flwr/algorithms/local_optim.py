@@ -2,7 +2,8 @@
 (run-config ``local-optimizer``). Every local objective works with every one of them.
 
 Each is built from the SGD update, its settings and what the server sent it besides the
-weights (:class:`fedvls_flwr.algorithms.downlink.Received`; unused by these two). Each takes
+weights (:class:`fedvls_flwr.algorithms.downlink.Received`; unused by these two; FedGF's step,
+:mod:`fedvls_flwr.algorithms.fedgf`, reads it). Each takes
 a ``closure`` that clears the gradients, runs the forward pass and the
 objective, back-propagates and returns the detached loss terms; the optimizer decides
 where (at which weights) and how often the closure runs. The update itself is
@@ -53,15 +54,22 @@ class SAMStep:
 
     def step(self, closure: Closure) -> torch.Tensor:
         terms = closure()
-        params: list[torch.Tensor] = [p for p in self.sgd.params if p.grad is not None]
-        grads: list[torch.Tensor] = [cast(torch.Tensor, p.grad) for p in params]
-        with torch.no_grad():
-            norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-            scale = self.rho / (norm + 1e-12)
-            eps = torch._foreach_mul(grads, scale)
-            torch._foreach_add_(params, eps)
+        params, eps = sam_ascent(self.sgd, self.rho)
         closure()  # gradients at w + e
         with torch.no_grad():
             torch._foreach_sub_(params, eps)
         self.sgd.step()
         return terms
+
+
+@torch.no_grad()
+def sam_ascent(sgd: LocalSGD, rho: float) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """SAM's ascent from the gradients just computed: w <- w + e, e = rho * g / (||g|| + 1e-12),
+    one norm over every parameter that has a gradient. Returns those parameters and e."""
+    params: list[torch.Tensor] = [p for p in sgd.params if p.grad is not None]
+    grads: list[torch.Tensor] = [cast(torch.Tensor, p.grad) for p in params]
+    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    scale = rho / (norm + 1e-12)
+    eps = list(torch._foreach_mul(grads, scale))
+    torch._foreach_add_(params, eps)
+    return params, eps

@@ -20,7 +20,7 @@ import copy
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 from torch import nn
@@ -32,7 +32,7 @@ from fedvls_flwr.data.node_data import ClientData
 from fedvls_flwr.models import FeatureTap, ProjectionModel
 
 if TYPE_CHECKING:
-    from fedvls_flwr.algorithms.local_optim import SAMStep, SGDStep
+    from fedvls_flwr.algorithms.local_optim import Closure
 from fedvls_flwr.algorithms.batchnorm import batch_bounds, has_batchnorm
 from fedvls_flwr.algorithms.downlink import Received
 from fedvls_flwr.algorithms.objectives import Objective, build_objective
@@ -276,11 +276,16 @@ def train_local(
     )
 
 
-def build_local_optimizer(cfg: RunConfig, sgd: LocalSGD, received: Received | None = None) -> SGDStep | SAMStep:
+class LocalOptimizer(Protocol):
+    def step(self, closure: Closure) -> torch.Tensor: ...
+
+
+def build_local_optimizer(cfg: RunConfig, sgd: LocalSGD, received: Received | None = None) -> LocalOptimizer:
     """The run's local optimizer (``local-optimizer``) around the SGD update, with what the
     server sent it besides the weights."""
-    return get_part("local-optimizer", cfg.local_optimizer).load()(
-        sgd, part_params(cfg, "local-optimizer"), received if received is not None else Received())
+    part = get_part("local-optimizer", cfg.local_optimizer)
+    return cast("LocalOptimizer", part.load()(sgd, part_params(cfg, "local-optimizer"),
+                                              received if received is not None else Received()))
 
 
 def mode_dependent(model: nn.Module) -> bool:

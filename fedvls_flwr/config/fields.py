@@ -67,7 +67,7 @@ class RunConfigFields:
     momentum: float = 0.9
     #: local SGD weight decay
     weight_decay: float = 1e-05
-    #: how a client steps: sgd, or sam (FedSAM's sharpness-aware step)
+    #: how a client steps: sgd, sam (FedSAM's sharpness-aware step) or fedgf (FedGF)
     local_optimizer: str = "sgd"
     #: local momentum: fresh every round, or carried across rounds
     optimizer_state: str = "fresh"
@@ -135,8 +135,18 @@ class RunConfigFields:
     use_logit: bool = True
     #: weight of the paper's (unbounded) logit suppression in fedvls-paper
     paper_logit_weight: float = 1.0
-    #: FedSAM perturbation radius rho
+    #: FedSAM and FedGF client perturbation radius rho
     sam_rho: float = 0.1
+    #: FedGF: distance rho_g of the perturbed global model from the global model
+    fedgf_rho_g: float = 0.1
+    #: FedGF: weight c of the perturbed global model in the SAM point (fixed mode)
+    fedgf_c: float = 0.3
+    #: FedGF: 'fixed' (c = fedgf-c) or 'adaptive' (the authors' code: from the divergence D)
+    fedgf_c_mode: str = "fixed"
+    #: FedGF adaptive c: threshold T_D on D = mean_k ||w_global - w_k|| (scale depends on the run)
+    fedgf_threshold: float = 1.5
+    #: FedGF adaptive c: window W of rounds (the authors' script: 30)
+    fedgf_window: int = 30
     #: FedExP epsilon in the server step size
     fedexp_eps: float = 0.01
     #: FedExP: evaluate the last global model, or the average of the last two (the paper)

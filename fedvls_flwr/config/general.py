@@ -70,7 +70,7 @@ GROUPS: tuple[tuple[str, tuple[Setting, ...]], ...] = (
         Setting("lr", 0.01, "local SGD learning rate", **greater(0)),
         Setting("momentum", 0.9, "local SGD momentum", **between(0, 1, high_open=True)),
         Setting("weight-decay", 1e-5, "local SGD weight decay", **at_least(0)),
-        Setting("local-optimizer", "sgd", "how a client steps: sgd, or sam (FedSAM's sharpness-aware step)",
+        Setting("local-optimizer", "sgd", "how a client steps: sgd, sam (FedSAM's sharpness-aware step) or fedgf (FedGF)",
                 choices=lambda: part_names("local-optimizer")),
         # "fresh": a new optimizer every round (the FedVLS code); "carry": the momentum buffer
         # lives on in the client's state (the authors' FedAvg/FedLC/FedNTD clients).

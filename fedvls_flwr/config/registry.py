@@ -65,7 +65,21 @@ FEDRS_FORM = Setting(
 FEDLMD_BETA = Setting("fedlmd-beta", 0.1, "FedLMD distillation weight beta", **at_least(0))
 FEDLMD_TAU = Setting("fedlmd-tau", 1.0, "FedLMD temperature", **greater(0))
 FEDDECORR_BETA = Setting("feddecorr-beta", 0.1, "FedDecorr decorrelation weight", **at_least(0))
-SAM_RHO = Setting("sam-rho", 0.1, "FedSAM perturbation radius rho", **greater(0))
+SAM_RHO = Setting("sam-rho", 0.1, "FedSAM and FedGF client perturbation radius rho", **greater(0))
+FEDGF_RHO_G = Setting("fedgf-rho-g", 0.1, "FedGF: distance rho_g of the perturbed global model from the global model",
+                      **at_least(0))
+FEDGF_C = Setting("fedgf-c", 0.3, "FedGF: weight c of the perturbed global model in the SAM point (fixed mode)",
+                  **between(0, 1))
+FEDGF_C_MODE = Setting(
+    "fedgf-c-mode", "fixed", "FedGF: 'fixed' (c = fedgf-c) or 'adaptive' (the authors' code: from the divergence D)",
+    choices=("fixed", "adaptive"), label={"adaptive": "(adaptive c)"},
+)
+FEDGF_THRESHOLD = Setting(
+    "fedgf-threshold", 1.5, "FedGF adaptive c: threshold T_D on D = mean_k ||w_global - w_k|| (scale depends on the run)",
+    **at_least(0),
+)
+FEDGF_WINDOW = Setting("fedgf-window", 30, "FedGF adaptive c: window W of rounds (the authors' script: 30)",
+                       **at_least(1))
 FEDEXP_EPS = Setting("fedexp-eps", 0.01, "FedExP epsilon in the server step size", **greater(0))
 FEDEXP_EVAL = Setting(
     "fedexp-eval", "last", "FedExP: evaluate the last global model, or the average of the last two (the paper)",
@@ -244,6 +258,9 @@ METHODS: tuple[Part, ...] = (
 LOCAL_OPTIMIZERS: tuple[Part, ...] = (
     Part("sgd", "SGD", f"{_LOCAL}:SGDStep"),
     Part("sam", "FedSAM", f"{_LOCAL}:SAMStep", (SAM_RHO,)),
+    Part("fedgf", "FedGF", "fedvls_flwr.algorithms.fedgf:FedGFStep",
+         (SAM_RHO, FEDGF_RHO_G, FEDGF_C, FEDGF_C_MODE, FEDGF_THRESHOLD, FEDGF_WINDOW),
+         server="fedvls_flwr.algorithms.fedgf:FedGFServer"),
 )
 
 #: Server optimizers (run-config ``server-optimizer``): how the checked, sample-weighted
