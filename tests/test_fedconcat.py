@@ -191,6 +191,7 @@ def test_a_node_without_its_encoders_says_so():
     ({"fedconcat-assignment": "0,2,1"}, r"cluster\(s\) \[2\]"),
     ({"fedconcat-assignment": "0;1"}, "comma-separated"),
     ({"fedconcat-clusters": 0}, "fedconcat-clusters"),
+    ({"local-optimizer": "fedgf"}, "local-optimizer 'fedgf'"),
 ])
 def test_run_config_rules(changes, match):
     with pytest.raises(ConfigError, match=match):

@@ -127,6 +127,10 @@ def _fedconcat_rules(values: Mapping[str, Any]) -> str | None:
                 f"server-optimizer '{values['server-optimizer']}'; use server-optimizer='fedavg'")
     if values["evaluation"] == "federated":
         return "protocol 'fedconcat' is evaluated on the server's test set: use evaluation='server' or 'auto'"
+    with_server = [f"{kind} '{part.name}'" for kind, part in run_parts(values).items() if part.server is not None]
+    if with_server:
+        return (f"protocol 'fedconcat' keeps K models, so {with_server[0]} (whose server state follows one global "
+                "model) does not combine with it; use local-optimizer='sgd' or 'sam'")
     text = str(values["fedconcat-assignment"]).replace(" ", "")
     if text and (bad := sorted({int(v) for v in text.split(",") if int(v) >= k})):
         return (f"fedconcat-assignment names cluster(s) {bad}, but fedconcat-clusters = {k} numbers them 0..{k - 1}")
