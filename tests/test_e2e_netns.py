@@ -289,3 +289,23 @@ def test_a_port_nothing_serves_retries_until_max_retries_and_the_probe_names_it(
     assert "Connection refused" in probe.stdout + probe.stderr, probe.stdout + probe.stderr
     print(f"wrong port with --max-retries 2: exit {code} after {seconds:.1f} s; probe: "
           f"{next(line for line in (probe.stdout + probe.stderr).splitlines() if 'refused' in line).strip()}")
+
+
+def test_leftovers_of_a_killed_run_are_found_by_prefix_and_removed():
+    """A run killed before its teardown leaves namespaces (and processes in them) behind:
+    the next run removes those whose test process is gone, and nothing else."""
+    _skip_or_fail()
+    gone = subprocess.Popen(["true"])
+    gone.wait()                                   # a PID that no longer runs: the "killed run"
+    dead = netns.Network({"h": 1}, tag=str(gone.pid)).create()
+    sleeper = subprocess.Popen([*dead.prefix("h"), "sleep", "300"])
+    live = netns.Network({"h": 1}, tag=str(os.getpid())).create()   # this run's: kept
+    try:
+        removed = netns.remove_leftovers()
+        assert sorted(removed) == sorted(dead.made)
+        assert dead.left() == [] and sleeper.wait(timeout=30) is not None
+        assert sorted(live.left()) == sorted(live.made)
+    finally:
+        live.remove()
+        dead.remove()
+    assert live.left() == []
