@@ -28,6 +28,7 @@ class Mutation:
 
 
 OBJ = ("tests/test_objectives.py",)
+BASELINES = ("tests/test_objectives.py", "tests/test_baselines.py")  # FedProx and MOON act beyond the logits
 AGG = ("tests/test_aggregation.py", "tests/test_strategy.py")
 PART = ("tests/test_partition.py",)
 STRAT = ("tests/test_strategy.py",)
@@ -48,7 +49,7 @@ MUTATIONS: list[Mutation] = [
              "self.prior_mass * math.log(B)", "self.prior_mass * math.log(B + 1)", OBJ),
     Mutation("fedprox-no-half", "objectives", "FedProx's proximal term without the 1/2",
              "fedvls_flwr/algorithms/objectives/baselines.py",
-             "value = 0.5 * self.mu * torch.stack", "value = self.mu * torch.stack", OBJ),
+             "value = 0.5 * self.mu * torch.stack", "value = self.mu * torch.stack", BASELINES),
     Mutation("fedrs-alpha-ignored", "objectives", "FedRS leaves the absent classes' logits unscaled",
              "fedvls_flwr/algorithms/objectives/baselines.py",
              "counts.new_full((), alpha)", "counts.new_ones(())", OBJ),
