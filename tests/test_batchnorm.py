@@ -169,3 +169,35 @@ def test_check_command_warns_about_partitions_of_one_sample_with_a_batchnorm_mod
     assert "hold fewer than 2 samples: with the BatchNorm model 'resnet32'" in capsys.readouterr().err
     assert check_main(["--run-config", f"{tiny} model='mlp'", "--num-supernodes", "19"]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("server_optimizer", ["fedavg", "fedavgm", "fedadam", "fedexp"])
+def test_a_batchnorm_models_buffers_keep_their_shapes_through_a_round(server_optimizer):
+    """A real BatchNorm model's state, as clients send it and the server averages, steps and
+    broadcasts it, keeps every array's shape and dtype: num_batches_tracked stays 0-d int64
+    (a shape (1,) passed unnoticed where a test only took int() of it), and the result loads
+    back into the model strictly."""
+    import numpy as np
+
+    from fedvls_flwr.algorithms.aggregation import Reply, weighted_average
+    from fedvls_flwr.algorithms.server_optim import build_server_optimizer
+    from fedvls_flwr.app.messages import to_array_record, to_numpy_dict
+    from fedvls_flwr.config.registry import get_part
+
+    model = build_model("resnet32", (3, 32, 32), 10)
+    assert has_batchnorm(model)
+    state = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+    tracked = [k for k in state if k.endswith("num_batches_tracked")]
+    assert tracked and all(state[k].shape == () and state[k].dtype == np.int64 for k in tracked)
+    optimizer = build_server_optimizer(server_optimizer, get_part("server-optimizer", server_optimizer).defaults())
+    reference = state
+    for server_round in (1, 2, 3):
+        replies = [Reply(str(i), {k: (v + i + 1 if v.dtype.kind == "f" else v + 5 * server_round).astype(v.dtype)
+                                  for k, v in reference.items()}, 10 * (i + 1), {}) for i in range(2)]
+        new = optimizer.step(server_round, reference, weighted_average(replies, reference), replies)
+        reference = to_numpy_dict(to_array_record(new))   # what the next round broadcasts
+        for key, value in state.items():
+            assert reference[key].shape == value.shape, (server_round, key, reference[key].shape)
+            assert reference[key].dtype == value.dtype, (server_round, key)
+    model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in reference.items()}, strict=True)
+    assert all(model.state_dict()[k].shape == torch.Size([]) for k in tracked)

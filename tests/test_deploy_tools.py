@@ -232,6 +232,63 @@ def test_fence_config_command(tmp_path, capsys):
     assert "not found" in capsys.readouterr().err
 
 
+def _server_cert_by_openssl(folder: Path, san: str) -> None:
+    """ca.pem, server.pem and server.key made with openssl as docs/deployment.md section 3
+    says, with ``san`` as the server certificate's subjectAltName."""
+    folder.mkdir(parents=True)
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
+
+    openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "ca.key")
+    openssl("req", "-x509", "-new", "-key", "ca.key", "-sha256", "-days", "2", "-subj", "/CN=fedvls-flwr CA",
+            "-out", "ca.pem", "-addext", "basicConstraints=critical,CA:TRUE,pathlen:0",
+            "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+    openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "server.key")
+    openssl("req", "-new", "-key", "server.key", "-subj", "/CN=10.0.0.5", "-out", "server.csr")
+    (folder / "server.ext").write_text(f"subjectAltName={san}\nbasicConstraints=critical,CA:FALSE\n"
+                                       "keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2",
+            "-sha256", "-extfile", "server.ext", "-out", "server.pem")
+
+
+def test_fence_config_refuses_a_server_certificate_without_the_loopback_names(tmp_path, capsys, monkeypatch):
+    """Without IP:127.0.0.1 and DNS:localhost the SuperExec dies at start and nginx answers
+    502 to everything; fence-config names the missing entries and the fix instead."""
+    monkeypatch.setattr(deploy, "DEBIAN_DEFAULT_SITE", tmp_path / "no-default-site")
+    args = ["fence-config", "--listen", "0.0.0.0:9093", "--superlink-port", "9092", "--certs"]
+    _server_cert_by_openssl(tmp_path / "public-only", "IP:10.0.0.5,DNS:superlink.lab.example")
+    assert deploy.main([*args, str(tmp_path / "public-only")]) == 2
+    out = capsys.readouterr()
+    assert out.out == ""  # nothing for `| sudo tee` to write
+    assert "does not list IP:127.0.0.1 and DNS:localhost in its subjectAltName" in out.err
+    assert "502 Bad Gateway" in out.err and "IP:127.0.0.1,DNS:localhost" in out.err
+    _server_cert_by_openssl(tmp_path / "no-localhost", "IP:10.0.0.5,IP:127.0.0.1")
+    assert deploy.main([*args, str(tmp_path / "no-localhost")]) == 2
+    assert "does not list DNS:localhost in" in capsys.readouterr().err
+    _server_cert_by_openssl(tmp_path / "as-documented", "IP:10.0.0.5,DNS:superlink.lab.example,IP:127.0.0.1,DNS:localhost")
+    assert deploy.main([*args, str(tmp_path / "as-documented")]) == 0
+    out = capsys.readouterr()
+    assert "location /v1/fleet/" in out.out and out.err == ""
+
+
+def test_fence_config_warns_of_debians_default_site(tmp_path, capsys, monkeypatch):
+    """Debian's nginx enables a default site on :80 of every interface: a second open port."""
+    make_certificates(tmp_path / "certs", ["10.0.0.5"])
+    default = tmp_path / "sites-enabled" / "default"
+    default.parent.mkdir()
+    default.write_text("server { listen 80 default_server; }\n")
+    monkeypatch.setattr(deploy, "DEBIAN_DEFAULT_SITE", default)
+    args = ["fence-config", "--listen", "0.0.0.0:9093", "--superlink-port", "9092", "--certs", str(tmp_path / "certs")]
+    assert deploy.main(args) == 0
+    out = capsys.readouterr()
+    assert "location /v1/fleet/" in out.out
+    assert f"nginx's default site {default} is enabled" in out.err and f"sudo rm {default}" in out.err
+    default.unlink()
+    assert deploy.main(args) == 0
+    assert capsys.readouterr().err == ""
+
+
 # ---------------------------------------------------------------------------
 # the operator link: fails at start-up, with the reason, instead of on every flwr command
 

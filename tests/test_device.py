@@ -150,3 +150,18 @@ def test_deterministic_training_on_the_cpu_is_unchanged(method, local_optimizer)
             torch.use_deterministic_algorithms(before)
         results.append(np.concatenate([p.detach().numpy().ravel() for p in model.parameters()]))
     np.testing.assert_array_equal(results[0], results[1])
+
+
+def test_auto_trains_on_cuda_exactly_when_torch_sees_a_gpu(monkeypatch):
+    """device='auto' picks CUDA whenever torch sees a GPU (faked here: no GPU needed), the CPU
+    otherwise; 'cuda' without a GPU is an error naming the fix; 'cpu' stays on the CPU."""
+    from fedvls_flwr.algorithms.training import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto") == torch.device("cuda")
+    assert resolve_device("cuda") == torch.device("cuda")
+    assert resolve_device("cpu") == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == torch.device("cpu")
+    with pytest.raises(RuntimeError, match="device = 'cuda' was requested but torch sees no CUDA device"):
+        resolve_device("cuda")

@@ -340,3 +340,42 @@ def test_writer_keeps_only_what_reached_the_disk(tmp_path, monkeypatch):
     assert err.value.errno == errno.ENOSPC and err.value.filename == str(tmp_path / "rounds.jsonl")
     assert writer.rounds == [{"round": 0}] and read_rounds(tmp_path) == [{"round": 0}]
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+# ---- a stateful server optimizer resumes bit for bit (its state in the checkpoint) ---------
+
+#: every server optimizer that keeps state across rounds, with settings that make it matter
+STATEFUL = {
+    "fedavgm": {"fedavgm_momentum": 0.9},
+    "fedadam": {},
+    "fedyogi": {},
+    "fedadagrad": {},
+    "fedexp": {},
+}
+
+
+def test_every_stateful_server_optimizer_is_covered():
+    from fedvls_flwr.config.registry import SERVER_OPTIMIZERS
+
+    assert sorted(STATEFUL) == sorted(p.name for p in SERVER_OPTIMIZERS if p.name != "fedavg")
+
+
+@pytest.mark.parametrize("name", sorted(STATEFUL))
+def test_resume_with_a_stateful_server_optimizer_is_bit_identical(tmp_path, name):
+    """Stopped after round 2 of 4 and resumed: rounds, final model and the optimizer's state
+    equal an uninterrupted run's, bit for bit. Losing the state (never written, or never
+    loaded back) changes round 3 on."""
+    settings = {"server_optimizer": name, **STATEFUL[name]}
+    straight_dir = run_experiment(TrainingGrid(), config(tmp_path / "straight", resume=False, **settings))
+    run_dir = run_experiment(TrainingGrid(), config(tmp_path / "resumed", num_server_rounds=2, **settings))
+    (run_dir / "summary.json").unlink()
+    (run_dir / "model_final.npz").unlink()
+    saved = load_checkpoint(run_dir / "checkpoint.npz")[1]
+    assert any(k.startswith("server-optimizer/") for k in saved), f"{name}: no optimizer state in the checkpoint"
+    run_experiment(TrainingGrid(), config(tmp_path / "resumed", **settings))
+    assert accuracies(run_dir) == accuracies(straight_dir)
+    for final in ("model_final.npz", "checkpoint.npz"):
+        with np.load(straight_dir / final) as a, np.load(run_dir / final) as b:
+            assert sorted(a.files) == sorted(b.files), final
+            for key in a.files:
+                assert a[key].dtype == b[key].dtype and np.array_equal(a[key], b[key]), (final, key)

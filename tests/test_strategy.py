@@ -117,6 +117,43 @@ def test_failing_client_is_dropped_and_the_round_completes():
     np.testing.assert_allclose(to_numpy_dict(final)["w"], np.full((2, 2), 12.0))
 
 
+@pytest.mark.parametrize(("fraction", "sampled", "needed"),
+                         [(0.5, 3, 2), (0.75, 4, 3), (0.3, 10, 3), (1.0, 4, 4), (0.0, 5, 1), (0.5, 1, 1)])
+def test_min_replies_is_the_ceiling_of_the_fraction_and_at_least_one(fraction, sampled, needed):
+    assert CheckedFedAvg(RunConfig(min_fit_fraction=fraction)).min_replies(sampled) == needed
+
+
+def test_some_usable_replies_but_fewer_than_min_fit_fraction_are_not_a_round():
+    """4 sampled, min-fit-fraction 0.75: 3 usable replies make a round, 2 do not (re-run,
+    then the run stops), although the 2 alone could be averaged."""
+    def two_fail_first(node, attempt):
+        return reply(node, error="ValueError: boom") if attempt == 1 and node in (13, 14) else good(node, attempt)
+
+    reports = []
+    cfg = RunConfig(num_server_rounds=1, min_fit_fraction=0.75, round_retries=1, round_timeout=0.2)
+    final = CheckedFedAvg(cfg).run(FakeGrid([11, 12, 13, 14], two_fail_first), initial(),
+                                   on_round_end=lambda r, a, rep: reports.append(rep))
+    assert reports[0].attempts == 2 and reports[0].accepted == 4
+    np.testing.assert_allclose(to_numpy_dict(final)["w"], np.full((2, 2), 12.5))  # the second attempt's average
+
+    def one_fails(node, attempt):
+        return reply(node, error="ValueError: boom") if node == 14 else good(node, attempt)
+
+    reports.clear()
+    final = CheckedFedAvg(cfg).run(FakeGrid([11, 12, 13, 14], one_fails), initial(),
+                                   on_round_end=lambda r, a, rep: reports.append(rep))
+    assert reports[0].attempts == 1 and reports[0].accepted == 3  # exactly the 3 needed
+    np.testing.assert_allclose(to_numpy_dict(final)["w"], np.full((2, 2), 12.0))
+
+    def two_always_fail(node, attempt):
+        return reply(node, error="ValueError: boom") if node in (13, 14) else good(node, attempt)
+
+    grid = FakeGrid([11, 12, 13, 14], two_always_fail)
+    with pytest.raises(RoundFailedError, match=r"round 1 failed 2 time\(s\): fewer than min-fit-fraction = 0.75"):
+        CheckedFedAvg(cfg).run(grid, initial(), on_round_end=lambda *a: None)
+    assert grid.calls == 2
+
+
 def test_too_few_replies_retries_then_stops_with_a_clear_error():
     def respond(node, attempt):
         return good(node, attempt) if attempt >= 2 else None  # first attempt: everybody silent

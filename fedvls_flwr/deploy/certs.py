@@ -111,6 +111,27 @@ def _leaf_certificate(
     return builder.sign(ca_key, hashes.SHA256())
 
 
+def missing_loopback_names(server_cert: Path) -> list[str]:
+    """The entries of :data:`LOOPBACK_NAMES` that ``server_cert``'s subjectAltName lacks,
+    as ``IP:127.0.0.1`` / ``DNS:localhost``.
+
+    Behind the fence nginx dials the SuperLink as ``localhost`` and the SuperLink's own
+    SuperExec dials ``127.0.0.1``: a certificate without them fails far from its cause (the
+    SuperExec dies at start, nginx answers 502 to everything, SuperNodes log only
+    "Connection attempt failed")."""
+    from cryptography import x509
+
+    certificate = x509.load_pem_x509_certificate(Path(server_cert).read_bytes())
+    try:
+        san = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return ["IP:127.0.0.1", "DNS:localhost"]
+    ips = {str(ip) for ip in san.get_values_for_type(x509.IPAddress)}
+    names = {name.lower() for name in san.get_values_for_type(x509.DNSName)}
+    return [label for label, present in (("IP:127.0.0.1", "127.0.0.1" in ips), ("DNS:localhost", "localhost" in names))
+            if not present]
+
+
 def make_certificates(
     out_dir: Path, hosts: list[str], nodes: list[str] | None = None, days: int = 365,
     operators: list[str] | None = None,

@@ -37,10 +37,13 @@ from fedvls_flwr.app.launch import PROJECT_DIR
 from fedvls_flwr.app.processes import parse_port_range
 from fedvls_flwr.data.node_config import check_distinct_sites, check_node_folders, parse_node_config
 from fedvls_flwr.deploy.breakdown import BreakdownInputError, breakdown, print_breakdown
-from fedvls_flwr.deploy.certs import make_certificates
+from fedvls_flwr.deploy.certs import make_certificates, missing_loopback_names
 from fedvls_flwr.deploy.fence import FenceError, require_nginx, serve_operator_link, server_block
 from fedvls_flwr.deploy.local import Terminated, evaluation_warning, node_configs, parse_config_string, report, run_local
 from fedvls_flwr.experiments.check import check_run_config
+
+#: Debian's nginx package enables this site (port 80, every interface) when it is installed.
+DEBIAN_DEFAULT_SITE = Path("/etc/nginx/sites-enabled/default")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -151,6 +154,23 @@ def _fence_config(args: argparse.Namespace) -> int:
     if missing:
         print(f"[deploy] fence-config: not found: {', '.join(missing)}", file=sys.stderr)
         return 2
+    try:
+        lacking = missing_loopback_names(certs.server_cert)
+    except ValueError as err:
+        print(f"[deploy] fence-config: {certs.server_cert} is not a PEM certificate ({err})", file=sys.stderr)
+        return 2
+    if lacking:
+        print(f"[deploy] fence-config: {certs.server_cert} does not list {' and '.join(lacking)} in its "
+              "subjectAltName. Behind the fence nginx dials the SuperLink as localhost and the SuperLink's "
+              "own SuperExec dials 127.0.0.1: with this certificate the SuperExec dies at start and nginx "
+              "answers 502 Bad Gateway to everything. Sign it again with them added, e.g. subjectAltName="
+              "IP:<public address>,IP:127.0.0.1,DNS:localhost in server.ext (docs/deployment.md, section 3), "
+              "and restart the SuperLink with the new server.pem", file=sys.stderr)
+        return 2
+    if DEBIAN_DEFAULT_SITE.exists():
+        print(f"[deploy] WARNING: nginx's default site {DEBIAN_DEFAULT_SITE} is enabled: nginx then also "
+              "listens on port 80 on every interface, a second open port besides the fence's. Disable it: "
+              f"sudo rm {DEBIAN_DEFAULT_SITE} && sudo nginx -s reload", file=sys.stderr)
     print(server_block(
         listen=args.listen, superlink_port=args.superlink_port, server_cert=certs.server_cert,
         server_key=certs.server_key, ca_cert=certs.ca_cert,

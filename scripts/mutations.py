@@ -1,0 +1,150 @@
+"""Plausible bugs, one per entry, that the fast suite (``-m "not e2e"``) must catch.
+
+Each :class:`Mutation` replaces one exact piece of text in one file of a temporary copy of
+the repository (``scripts/mutation_harness.py`` applies it; the worktree is never touched).
+``original`` must occur exactly once in ``file`` (tests/test_mutations.py checks that every
+entry still applies). ``tests`` are the test files (or node ids) that should kill it, so one
+mutation costs seconds; ``--all-tests`` runs the whole fast suite instead.
+
+To add one (a new method, say): append an entry to ``MUTATIONS``, run
+``.venv/bin/python scripts/mutation_harness.py --only NAME``; the table in
+docs/reliability.md gets its row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    area: str
+    bug: str            # the plausible bug, in words
+    file: str           # relative to the repository root
+    original: str       # exact text, present once in ``file``
+    replacement: str
+    tests: tuple[str, ...]
+
+
+OBJ = ("tests/test_objectives.py",)
+BASELINES = ("tests/test_objectives.py", "tests/test_baselines.py")  # FedProx and MOON act beyond the logits
+AGG = ("tests/test_aggregation.py", "tests/test_strategy.py")
+PART = ("tests/test_partition.py",)
+STRAT = ("tests/test_strategy.py",)
+RESUME = ("tests/test_resume.py", "tests/test_server_optim.py")
+FENCE = ("tests/test_deploy_tools.py",)
+
+MUTATIONS: list[Mutation] = [
+    # ---- objectives
+    Mutation("fedvls-cal-without-prior", "objectives", "FedVLS's calibrated CE forgets the log-prior shift",
+             "fedvls_flwr/algorithms/objectives/fedvls.py",
+             "            self.cal_bias = log_prior_eps\n",
+             "            self.cal_bias = torch.zeros_like(log_prior_eps)\n", OBJ),
+    Mutation("fedvls-dis-without-lambda", "objectives", "FedVLS's vacant-class distillation ignores lambda-dis",
+             "fedvls_flwr/algorithms/objectives/fedvls.py",
+             "scale = self.lambda_dis / B", "scale = 1.0 / B", OBJ),
+    Mutation("fedvls-logit-log-b", "objectives", "FedVLS's bounded logit term subtracts log(B+1) for log(B)",
+             "fedvls_flwr/algorithms/objectives/fedvls.py",
+             "self.prior_mass * math.log(B)", "self.prior_mass * math.log(B + 1)", OBJ),
+    Mutation("fedprox-no-half", "objectives", "FedProx's proximal term without the 1/2",
+             "fedvls_flwr/algorithms/objectives/baselines.py",
+             "value = 0.5 * self.mu * torch.stack", "value = self.mu * torch.stack", BASELINES),
+    Mutation("fedrs-alpha-ignored", "objectives", "FedRS leaves the absent classes' logits unscaled",
+             "fedvls_flwr/algorithms/objectives/baselines.py",
+             "counts.new_full((), alpha)", "counts.new_ones(())", OBJ),
+    Mutation("fedlc-margin-power", "objectives", "FedLC's margin uses n^(-1/2) for n^(-1/4)",
+             "fedvls_flwr/algorithms/objectives/baselines.py",
+             "n.pow(-0.25)", "n.pow(-0.5)", OBJ),
+    # ---- aggregation
+    Mutation("average-unweighted", "aggregation", "the average ignores each client's number of examples",
+             "fedvls_flwr/algorithms/aggregation.py",
+             "acc += (r.num_examples / total) * r.arrays[key]", "acc += (1.0 / len(replies)) * r.arrays[key]", AGG),
+    Mutation("integer-buffers-floored", "aggregation", "integer buffers are floored instead of rounded",
+             "fedvls_flwr/algorithms/aggregation.py",
+             "np.rint(acc, out=acc)", "np.floor(acc, out=acc)", AGG),
+    Mutation("batchnorm-buffer-1d", "aggregation", "a 0-d buffer (num_batches_tracked) comes out with shape (1,)",
+             "fedvls_flwr/algorithms/aggregation.py",
+             "acc = np.zeros(ref.shape, dtype=np.float64)", "acc = np.zeros(ref.shape or (1,), dtype=np.float64)",
+             (*AGG, "tests/test_batchnorm.py")),
+    Mutation("broadcast-0d-as-1d", "aggregation", "the broadcast record turns 0-d arrays into shape (1,)",
+             "fedvls_flwr/app/messages.py",
+             'Array(np.require(value, requirements="C"))', "Array(np.ascontiguousarray(value))",
+             ("tests/test_batchnorm.py", *STRAT)),
+    Mutation("server-optimizer-touches-integers", "aggregation", "FedAdam steps integer buffers like weights",
+             "fedvls_flwr/algorithms/server_optim.py",
+             'return [k for k, v in arrays.items() if v.dtype.kind == "f"]', "return list(arrays)",
+             ("tests/test_server_optim.py", "tests/test_batchnorm.py")),
+    # ---- reply checks
+    Mutation("nan-accepted", "reply checks", "a reply with NaN weights is averaged in",
+             "fedvls_flwr/algorithms/aggregation.py",
+             'if arr.dtype.kind in "fc" and not np.isfinite(arr).all():', 'if arr.dtype.kind in "fc" and False:', AGG),
+    Mutation("shape-unchecked", "reply checks", "a reply with a wrongly shaped array is not refused",
+             "fedvls_flwr/algorithms/aggregation.py",
+             "if arr.shape != ref.shape:", "if arr.shape != ref.shape and False:", AGG),
+    Mutation("zero-examples-accepted", "reply checks", "a reply claiming 0 examples is accepted",
+             "fedvls_flwr/algorithms/aggregation.py",
+             "reply.num_examples > 0)", "reply.num_examples >= 0)", AGG),
+    Mutation("dtype-unchecked", "reply checks", "a reply with another dtype is not refused",
+             "fedvls_flwr/algorithms/aggregation.py",
+             "if arr.dtype != ref.dtype:", "if arr.dtype != ref.dtype and False:", AGG),
+    # ---- partitioning
+    Mutation("dirichlet-no-cap", "partitioning", "Dirichlet keeps giving to clients at N/num-clients (NIID-Bench cap)",
+             "fedvls_flwr/data/partition.py", "p = p * (sizes < cap)", "p = p * (sizes < np.inf)", PART),
+    Mutation("dirichlet-min-size-ignored", "partitioning", "Dirichlet accepts a split with clients below min_size",
+             "fedvls_flwr/data/partition.py", "if smallest >= min_size:", "if smallest >= 0:", PART),
+    Mutation("shards-unsorted", "partitioning", "shards are cut from unsorted labels (no label skew)",
+             "fedvls_flwr/data/partition.py", 'order = np.argsort(y, kind="stable")', "order = np.arange(y.size)", PART),
+    # ---- sampling
+    Mutation("sample-same-every-round", "sampling", "every round samples the same clients",
+             "fedvls_flwr/app/strategy.py",
+             "rng = random.Random(self.cfg.seed * 1_000_003 + server_round)",
+             "rng = random.Random(self.cfg.seed * 1_000_003)", STRAT),
+    Mutation("sample-one-too-few", "sampling", "a round samples one client fewer than fraction-train says",
+             "fedvls_flwr/app/federation.py",
+             "return max(1, int(nodes * fraction_train + 1e-9))", "return max(1, int(nodes * fraction_train + 1e-9) - 1)",
+             STRAT),
+    Mutation("sample-by-node-id", "sampling", "clients drawn in Flower's random node-id order, not by partition",
+             "fedvls_flwr/app/strategy.py",
+             "key=lambda n: (n not in self.partitions, self.partitions.get(n, 0), n)", "key=lambda n: n", STRAT),
+    # ---- round rules
+    Mutation("min-fit-fraction-ignored", "round rules", "a round is accepted whatever min-fit-fraction says",
+             "fedvls_flwr/app/strategy.py",
+             "if new_arrays is not None and self.report.accepted >= needed:", "if new_arrays is not None:", STRAT),
+    Mutation("min-replies-floor", "round rules", "the replies needed round down instead of up",
+             "fedvls_flwr/app/strategy.py",
+             "math.ceil(self.cfg.min_fit_fraction * sampled - 1e-9)", "math.floor(self.cfg.min_fit_fraction * sampled + 1e-9)",
+             STRAT),
+    Mutation("no-retry", "round rules", "a failed round is not re-run (round-retries ignored)",
+             "fedvls_flwr/app/strategy.py",
+             "for attempt in range(self.cfg.round_retries + 1):", "for attempt in range(1):", STRAT),
+    # ---- checkpoint and resume
+    Mutation("server-state-not-saved", "checkpoint and resume", "the server optimizer's state is never written to the checkpoint",
+             "fedvls_flwr/app/server.py",
+             "server_state = {SERVER_STATE_PREFIX + k: v for k, v in self.strategy.server_optimizer.state().items()}",
+             "server_state: dict = {}", RESUME),
+    Mutation("server-state-not-loaded", "checkpoint and resume", "the checkpoint's server-optimizer state is never loaded back",
+             "fedvls_flwr/app/server.py",
+             "        self.strategy.server_optimizer.load_state(\n", "        (lambda state: None)(\n", RESUME),
+    Mutation("momentum-not-restored", "checkpoint and resume", "FedAvgM restarts with zero momentum after a resume",
+             "fedvls_flwr/algorithms/server_optim.py",
+             'self.velocity = [state[f"momentum/{i}"] for i in range(count)] or None', "self.velocity = None", RESUME),
+    # ---- the fence's configuration
+    Mutation("control-api-open", "fence config", "the Control API is passed on without a client certificate",
+             "fedvls_flwr/deploy/fence.py",
+             "if ($ssl_client_verify != SUCCESS) {{", "if ($ssl_client_verify = NEVER) {{", FENCE),
+    Mutation("runtime-api-passed", "fence config", "everything else (Runtime API, docs) is passed on too",
+             "fedvls_flwr/deploy/fence.py",
+             """        return 403 '{DENIED % "only the Fleet API is served here"}';""",
+             "        proxy_pass https://{upstream};", FENCE),
+    Mutation("loopback-names-unchecked", "fence config", "fence-config accepts a server.pem without 127.0.0.1/localhost",
+             "fedvls_flwr/deploy/cli.py", "    if lacking:\n", "    if False:\n", FENCE),
+    Mutation("server-cert-as-client", "fence config", "the operator link accepts a serverAuth-only certificate",
+             "fedvls_flwr/deploy/fence.py",
+             "if ExtendedKeyUsageOID.CLIENT_AUTH not in usage:", "if False:", FENCE),
+    # ---- devices
+    Mutation("auto-never-cuda", "devices", "device='auto' never picks CUDA",
+             "fedvls_flwr/algorithms/training.py",
+             'if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):',
+             'if requested == "cuda":', ("tests/test_device.py",)),
+]
