@@ -34,6 +34,8 @@ PART = ("tests/test_partition.py",)
 STRAT = ("tests/test_strategy.py",)
 RESUME = ("tests/test_resume.py", "tests/test_server_optim.py")
 FENCE = ("tests/test_deploy_tools.py",)
+CONCAT = ("tests/test_fedconcat.py",)
+GF = ("tests/test_fedgf.py",)
 
 MUTATIONS: list[Mutation] = [
     # ---- objectives
@@ -120,12 +122,16 @@ MUTATIONS: list[Mutation] = [
              "for attempt in range(self.cfg.round_retries + 1):", "for attempt in range(1):", STRAT),
     # ---- checkpoint and resume
     Mutation("server-state-not-saved", "checkpoint and resume", "the server optimizer's state is never written to the checkpoint",
-             "fedvls_flwr/app/server.py",
-             "server_state = {SERVER_STATE_PREFIX + k: v for k, v in self.strategy.server_optimizer.state().items()}",
-             "server_state: dict = {}", RESUME),
+             "fedvls_flwr/app/strategy.py",
+             "state = {SERVER_STATE_PREFIX + k: v for k, v in self.server_optimizer.state().items()}",
+             "state: dict = {}", RESUME),
     Mutation("server-state-not-loaded", "checkpoint and resume", "the checkpoint's server-optimizer state is never loaded back",
-             "fedvls_flwr/app/server.py",
-             "        self.strategy.server_optimizer.load_state(\n", "        (lambda state: None)(\n", RESUME),
+             "fedvls_flwr/app/strategy.py",
+             "        self.server_optimizer.load_state(\n", "        (lambda state: None)(\n", RESUME),
+    Mutation("companion-state-not-loaded", "checkpoint and resume", "a part's server companion (FedGF) is not restored on resume",
+             "fedvls_flwr/app/strategy.py",
+             "            companion.load_state({k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)})",
+             "            pass", ("tests/test_downlink.py", *GF)),
     Mutation("momentum-not-restored", "checkpoint and resume", "FedAvgM restarts with zero momentum after a resume",
              "fedvls_flwr/algorithms/server_optim.py",
              'self.velocity = [state[f"momentum/{i}"] for i in range(count)] or None', "self.velocity = None", RESUME),
@@ -142,6 +148,32 @@ MUTATIONS: list[Mutation] = [
     Mutation("server-cert-as-client", "fence config", "the operator link accepts a serverAuth-only certificate",
              "fedvls_flwr/deploy/fence.py",
              "if ExtendedKeyUsageOID.CLIENT_AUTH not in usage:", "if False:", FENCE),
+    # ---- the paper's last rows: FedConcat (a protocol) and FedGF (a local optimizer with server state)
+    Mutation("fedconcat-head-weighted", "new methods", "FedConcat's stage 2 weighs the heads by sample count",
+             "fedvls_flwr/algorithms/fedconcat.py",
+             "mean = np.mean([r.arrays[name].astype(np.float64) for r in replies], axis=0)",
+             "mean = np.average([r.arrays[name].astype(np.float64) for r in replies], axis=0, "
+             "weights=[r.num_examples for r in replies])", CONCAT),
+    Mutation("fedconcat-cluster-counts", "new methods", "FedConcat clusters raw counts instead of label distributions",
+             "fedvls_flwr/algorithms/fedconcat.py", "distributions = counts / sizes", "distributions = counts", CONCAT),
+    Mutation("fedconcat-head-unseeded", "new methods", "FedConcat's new head is drawn unseeded (a resume draws another)",
+             "fedvls_flwr/algorithms/fedconcat.py",
+             "generator = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + 21)",
+             "generator = torch.Generator().manual_seed(torch.seed())", CONCAT),
+    Mutation("fedconcat-one-head-step", "new methods", "FedConcat's clients take one head step instead of fedconcat-head-steps",
+             "fedvls_flwr/algorithms/fedconcat.py", "steps = min(int(cfg.fedconcat_head_steps),", "steps = min(1,", CONCAT),
+    Mutation("fedconcat-encoders-every-time", "new methods", "FedConcat forgets which nodes hold the encoders",
+             "fedvls_flwr/algorithms/fedconcat.py",
+             "self._has_encoders |= {int(r.client) for r in replies if int(r.client) in self._sending_encoders}",
+             "pass", CONCAT),
+    Mutation("fedgf-mix-flipped", "new methods", "FedGF mixes with 1 - c where c belongs",
+             "fedvls_flwr/algorithms/fedgf.py", "torch._foreach_mul_(everything, 1.0 - self.c)",
+             "torch._foreach_mul_(everything, self.c)", GF),
+    Mutation("fedgf-u-reversed", "new methods", "FedGF perturbs along new - old instead of old - new",
+             "fedvls_flwr/algorithms/fedgf.py", "u = {k: old[k] - new[k] for k in keys}",
+             "u = {k: new[k] - old[k] for k in keys}", GF),
+    Mutation("fedgf-window-untrimmed", "new methods", "FedGF's adaptive c averages every round, not the last W",
+             "fedvls_flwr/algorithms/fedgf.py", "            del self.window[: -self.window_size]\n", "", GF),
     # ---- devices
     Mutation("auto-never-cuda", "devices", "device='auto' never picks CUDA",
              "fedvls_flwr/algorithms/training.py",

@@ -367,7 +367,7 @@ def test_resume_with_a_stateful_server_optimizer_is_bit_identical(tmp_path, name
     loaded back) changes round 3 on."""
     settings = {"server_optimizer": name, **STATEFUL[name]}
     straight_dir = run_experiment(TrainingGrid(), config(tmp_path / "straight", resume=False, **settings))
-    run_dir = run_experiment(TrainingGrid(), config(tmp_path / "resumed", num_server_rounds=2, **settings))
+    run_dir = run_experiment(TrainingGrid(), config(tmp_path / "resumed", num_server_rounds=2, resume=False, **settings))
     (run_dir / "summary.json").unlink()
     (run_dir / "model_final.npz").unlink()
     saved = load_checkpoint(run_dir / "checkpoint.npz")[1]
