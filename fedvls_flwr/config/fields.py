@@ -117,6 +117,8 @@ class RunConfigFields:
     teacher_mode: str = "eval"
     #: FedDecorr decorrelation weight
     feddecorr_beta: float = 0.1
+    #: FedMR intra-class decorrelation weight (deco; 4 in the FedVLS paper)
+    fedmr_deco: float = 4.0
     #: FedLC margin scale tau (margin tau * n_c^(-1/4))
     fedlc_tau: float = 0.5
     #: FedLC softmax: 'standard' keeps the label in the denominator, 'paper' drops it

@@ -64,6 +64,8 @@ FEDRS_FORM = Setting(
 )
 FEDLMD_BETA = Setting("fedlmd-beta", 0.1, "FedLMD distillation weight beta", **at_least(0))
 FEDLMD_TAU = Setting("fedlmd-tau", 1.0, "FedLMD temperature", **greater(0))
+FEDMR_DECO = Setting("fedmr-deco", 4.0, "FedMR intra-class decorrelation weight (deco; 4 in the FedVLS paper)",
+                     **at_least(0))
 FEDDECORR_BETA = Setting("feddecorr-beta", 0.1, "FedDecorr decorrelation weight", **at_least(0))
 SAM_RHO = Setting("sam-rho", 0.1, "FedSAM and FedGF client perturbation radius rho", **greater(0))
 FEDGF_RHO_G = Setting("fedgf-rho-g", 0.1, "FedGF: distance rho_g of the perturbed global model from the global model",
@@ -250,6 +252,7 @@ METHODS: tuple[Part, ...] = (
     Part("fedrs", "FedRS", f"{_BASELINES}:FedRSObjective", (FEDRS_ALPHA, FEDRS_FORM)),
     Part("fedlmd", "FedLMD", f"{_BASELINES}:FedLMDObjective", (FEDLMD_BETA, FEDLMD_TAU, TEACHER_MODE)),
     Part("feddecorr", "FedDecorr", f"{_BASELINES}:FedDecorrObjective", (FEDDECORR_BETA,)),
+    Part("fedmr", "FedMR", f"{_OBJ}.fedmr:FedMRObjective", (FEDMR_DECO,)),
     Part("fedlc", "FedLC", f"{_BASELINES}:FedLCObjective", (FEDLC_TAU, FEDLC_FORM)),
     Part("fedntd", "FedNTD", f"{_BASELINES}:FedNTDObjective", (FEDNTD_BETA, FEDNTD_TAU, TEACHER_MODE)),
     Part("fedvls", "FedVLS", f"{_VLS}:FedVLSObjective",

@@ -1,0 +1,70 @@
+"""FedMR (Fan et al., "Federated Learning under Partially Class-Disjoint Data via Manifold
+Reshaping", TMLR 2023), as both released codebases run it: only the intra-class
+decorrelation term ("deco"); the paper's inter-class prototype term does not run in either.
+
+L = CE(logits, y) + deco * R(h, y), h the penultimate features (the classifier's input,
+nothing detached). For every class c with at least 2 samples in the batch:
+Z_c = (H_c - mean_c) / sqrt(var_c + 1e-8) per feature (unbiased variance) and
+G_c = Z_c^T Z_c (not divided by N_c); R = sum_c mean_{i != j} G_c[i, j]^2 / sum_c N_c over the
+counted classes, and R = 0 when no class counts (authors' ``MR_loss``).
+
+Computed without a loop over classes: sum_{i != j} G_c[i, j]^2 = ||G_c||_F^2 - sum_i G_c[i, i]^2,
+with ||Z_c^T Z_c||_F^2 = sum over same-class pairs (a, b) of (z_a . z_b)^2 (the batch's
+B x B Gram matrix) and G_c[i, i] = sum_{a in c} z_ai^2; the per-class means and variances
+come from one-hot matrix products. Rows of classes seen once are zeroed (no NaN, no gradient).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fedvls_flwr.algorithms.objectives.base import Objective, as_float
+
+#: The authors' epsilon inside the square root of the per-class variance.
+MR_EPS = 1e-8
+
+
+def manifold_reshaping_term(h: Tensor, y: Tensor, num_classes: int) -> Tensor:
+    """The authors' R(h, y) (see the module docstring); h (B, D), y (B,)."""
+    n, d = h.shape
+    if d <= 1:
+        return h.new_zeros(())
+    onehot = F.one_hot(y, num_classes).to(h.dtype)  # (B, C)
+    counts = onehot.sum(dim=0)  # (C,)
+    counted = (counts >= 2).to(h.dtype)
+    mean = (onehot.T @ h) / counts.clamp(min=1).unsqueeze(1)
+    centered = h - mean[y]
+    var = (onehot.T @ centered.square()) / (counts - 1).clamp(min=1).unsqueeze(1)
+    z = centered / torch.sqrt(var[y] + MR_EPS) * counted[y].unsqueeze(1)
+    gram = z @ z.T  # (B, B)
+    same = (y.unsqueeze(0) == y.unsqueeze(1)).to(h.dtype)
+    frobenius = (gram.square() * same).sum()
+    diagonal = ((onehot.T @ z.square()).square()).sum()
+    total = (counts * counted).sum()
+    return (frobenius - diagonal) / (d * (d - 1)) / total.clamp(min=1)
+
+
+class FedMRObjective(Objective):
+    """CE + deco * R (intra-class decorrelation of the penultimate features)."""
+
+    name = "fedmr"
+    term_names = ("ce", "deco")
+    features = "penultimate"
+
+    def __init__(self, class_counts: Tensor, params: Mapping[str, Any]) -> None:
+        super().__init__(class_counts, params)
+        self.deco = float(params["fedmr-deco"])
+
+    def _compute_with_features(
+        self, logits: Tensor, targets: Tensor, teacher: Tensor | None, features: Tensor
+    ) -> dict[str, Tensor]:
+        ce = F.cross_entropy(logits, targets)
+        if self.deco == 0.0:
+            return {"ce": ce, "deco": logits.new_zeros(())}  # FedAvg exactly: no extra op in the graph
+        r = manifold_reshaping_term(as_float(features).flatten(1), targets, self.num_classes)
+        return {"ce": ce, "deco": self.deco * r}
