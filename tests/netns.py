@@ -28,7 +28,10 @@ NAME = re.compile(rf"^{PREFIX}(\d+)-(\w+)$")
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30, check=check)
+    res = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    if check and res.returncode != 0:
+        raise RuntimeError(f"`ip {' '.join(args)}` failed (exit {res.returncode}): {res.stderr.strip()}")
+    return res
 
 
 def namespaces() -> list[str]:
@@ -93,6 +96,7 @@ class Network:
 
     hosts: dict[str, int]
     tag: str = field(default_factory=lambda: str(os.getpid()))
+    switch: str = "sw"    # the bridge's namespace: another name for a second network of one process
     made: list[str] = field(default_factory=list)
 
     def ns(self, host: str) -> str:
@@ -102,7 +106,7 @@ class Network:
         return f"{SUBNET}.{self.hosts[host]}"
 
     def create(self) -> Network:
-        switch = self.ns("sw")
+        switch = self.ns(self.switch)
         try:
             self._add(switch)
             _ip("-n", switch, "link", "add", "br0", "type", "bridge")
