@@ -57,7 +57,7 @@ def test_fedgf_runs_four_rounds_with_fedavg_and_fedvls_objectives(tmp_path):
 
 def test_fedgf_resumed_after_round_2_equals_an_uninterrupted_run(tmp_path):
     straight = {**BASE, "local-optimizer": "fedgf", "output-dir": str(tmp_path / "straight"), "run-name": "r"}
-    first = {**straight, "num-server-rounds": 2, "output-dir": str(tmp_path / "resumed"), "resume": True}
+    first = {**straight, "num-server-rounds": 2, "output-dir": str(tmp_path / "resumed")}
     resumed = {**straight, "output-dir": str(tmp_path / "resumed"), "resume": True}
     with LocalSuperLink(tmp_path / "home") as link:
         for cfg in (straight, first, resumed):
