@@ -10,6 +10,7 @@ is started in its own process group and stopped by PID; the tests check none is 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -68,6 +69,15 @@ def test_insecure_deployment_two_supernodes(tmp_path):
     assert len(list((tmp_path / "node-cache").glob("digits-*.npz"))) == 2
     logs = "".join((tmp_path / "work" / "flwr" / f"node-{i}.log").read_text() for i in range(2))
     assert logs.count("from the cache") >= 2
+    # FedVLS needs no site statistic on the server: no reply carried the sites' label
+    # distribution, and the run folder holds none (share-class-counts is off by default)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["reply_metrics"] and not {"class-counts", "num-vacant"} & set(summary["reply_metrics"])
+    assert not (run_dir / "clients.json").exists()
+    assert all("num-vacant" not in r["train"] and "local_update" not in r for r in rounds[1:])
+    for path in run_dir.rglob("*"):
+        if path.is_file() and path.suffix in (".json", ".jsonl"):
+            assert not re.search(r'"(class[-_]counts|num[-_]vacant)"', path.read_text()), path.name
     phases = breakdown(tmp_path / "work")["rounds"]
     assert [r["round"] for r in phases] == [1, 2]
     for r in phases:
@@ -133,7 +143,9 @@ def test_node_local_folder_data_with_vacant_classes(tmp_path):
     outcome, run_dir, pids = run_local(
         3, secure=False, auth=False, configs=configs,
         # no central test set: the global model is evaluated on the sites' held-out splits
-        run_config={**run_config(tmp_path / "runs", 3), "evaluation": "federated"},
+        # share-class-counts: the sites send their class counts (a diagnostic, opt-in), so
+        # clients.json can show which classes each site holds
+        run_config={**run_config(tmp_path / "runs", 3), "evaluation": "federated", "share-class-counts": True},
         workdir=tmp_path / "work", timeout=600, echo=False, env_extra=node_env(tmp_path),
     )
     assert outcome.completed, f"run ended {outcome.status}\n{outcome.log[-4000:]}"
@@ -150,5 +162,7 @@ def test_node_local_folder_data_with_vacant_classes(tmp_path):
     clients = {c["partition_id"]: c["class_counts"] for c in json.loads((run_dir / "clients.json").read_text())["clients"]}
     assert clients[0] == [20] * 6 + [0] * 4  # 25 per class, 5 held out for local evaluation
     assert clients[1] == [0] * 4 + [20] * 6
+    assert {"class-counts", "num-vacant"} <= set(summary["reply_metrics"])
+    assert all(r["train"]["num-vacant"] == 4 for r in rounds[1:])
     node_c_log = (tmp_path / "work" / "flwr" / "node-2.log").read_text()
     assert "folder dataset not found" in node_c_log

@@ -3,9 +3,12 @@
 import json
 
 import pytest
+import torch
 
 from fedvls_flwr.app.launch import LocalSuperLink
 from fedvls_flwr.app.results import read_rounds
+from fedvls_flwr.config.run_config import parse_run_config
+from fedvls_flwr.data.node_data import client_data
 
 pytestmark = pytest.mark.e2e
 
@@ -45,6 +48,16 @@ def test_flwr_run_simulation_completes_and_writes_results(tmp_path):
     assert summary["best_accuracy"] == max(r["accuracy"] for r in rounds[1:])
     assert (run_dir / "model_final.npz").stat().st_size > 0
     assert "round 3/3: accuracy" in outcome.log and "clients 3/3 on cpu" in outcome.log
+    # no reply carried the sites' label distribution; the server rebuilt the split for its
+    # class-wise views: clients.json and the mean of vacant classes, as the clients hold them
+    assert summary["reply_metrics"] and not {"class-counts", "num-vacant"} & set(summary["reply_metrics"])
+    cfg = parse_run_config({**run_config, "dataset": "digits"})
+    held = {pid: torch.bincount(client_data(cfg, pid, 3).y, minlength=10).tolist() for pid in range(3)}
+    clients = json.loads((run_dir / "clients.json").read_text())["clients"]
+    assert {c["partition_id"]: c["class_counts"] for c in clients} == held
+    sizes = {pid: sum(c) for pid, c in held.items()}
+    vacant = sum(sizes[p] * held[p].count(0) for p in held) / sum(sizes.values())
+    assert all(r["train"]["num-vacant"] == pytest.approx(vacant) for r in rounds[1:])
 
 
 def test_device_cuda_for_clients_without_a_gpu_stops_before_round_1(tmp_path):

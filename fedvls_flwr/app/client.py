@@ -126,9 +126,10 @@ def train_round(content: RecordDict, node_config: dict[str, Any], client_state: 
     metrics: dict[str, MetricValue] = {
         protocol.NUM_EXAMPLES: result.num_examples,
         protocol.TRAIN_LOSS: result.loss,
-        protocol.NUM_VACANT: result.num_vacant,
         protocol.PARTITION_ID: partition_id,
-        protocol.CLASS_COUNTS: result.class_counts,
+        # the label distribution leaves the site only when the run asks for it (a diagnostic)
+        **({protocol.NUM_VACANT: result.num_vacant, protocol.CLASS_COUNTS: result.class_counts}
+           if cfg.share_class_counts else {}),
         **{protocol.TRAIN_TERM_PREFIX + name: value for name, value in result.terms.items()},
         **({protocol.PEAK_GPU_MB: peak_mb[0]} if peak_mb else {}),
     }

@@ -27,8 +27,10 @@ WANT_SHARES = "want-shares"  # a query's: the per-site statistics asked for (com
 NUM_EXAMPLES = "num-examples"  # the weight of this reply in the average
 TRAIN_LOSS = "train-loss"
 TRAIN_TERM_PREFIX = "train-"  # + each loss term's name (train-cal, train-dis, ...)
-NUM_VACANT = "num-vacant"
 PARTITION_ID = "partition-id"  # identity (the node's partition or site), not a quantity
+# the site's label distribution: only with share-class-counts (app/site_counts.py), or in a
+# query that asks for the statistics the run's parts declare (FedConcat's class counts)
+NUM_VACANT = "num-vacant"
 CLASS_COUNTS = "class-counts"
 LOCAL_PER_CLASS_ACCURACY = "local-per-class-accuracy"  # with local-eval
 

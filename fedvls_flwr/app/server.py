@@ -43,6 +43,7 @@ from fedvls_flwr.app.results import (
     read_resume_point,
     summarize,
 )
+from fedvls_flwr.app.site_counts import KnownClassCounts, with_mean_vacant
 from fedvls_flwr.app.strategy import CheckedFedAvg, RoundReport
 from fedvls_flwr.app.time_left import RoundClock, format_duration
 from fedvls_flwr.app.tracking import check_tracking, open_tracker
@@ -150,7 +151,8 @@ class ServerRun:
         self.strategy = CheckedFedAvg(cfg)
         self.strategy.protocol.bind_model(self.model)
         self.saved_arrays = None if saved_arrays is None else self.strategy.load_server_state(saved_arrays)
-        self.clients: dict[int, list[int]] = {}  # partition id -> class counts, as the clients reported
+        self.clients: dict[int, list[int]] = {}  # partition id -> class counts, as clients.json keeps them
+        self.class_counts = KnownClassCounts(cfg, is_simulation(grid), lambda: len(list(grid.get_node_ids())))
 
     @contextmanager
     def results_written(self) -> Iterator[None]:
@@ -186,7 +188,7 @@ class ServerRun:
             "round": server_round,
             **self.strategy.protocol.round_info(server_round),
             **metrics,
-            "train": report.train_metrics,
+            "train": with_mean_vacant(report.train_metrics, report.clients, self.class_counts.of(report.clients)),
             "drift_diversity": report.drift_diversity,
             **({} if report.server_step_size is None else {"server_step_size": report.server_step_size}),
             "clients_sampled": report.sampled,
@@ -203,9 +205,10 @@ class ServerRun:
             "peak_gpu_mb": max((c["peak_gpu_mb"] for c in report.clients if "peak_gpu_mb" in c), default=None),
         }
         previous_global = self.writer.rounds[-1]["per_class_accuracy"] if self.writer.rounds else None
+        counts = self.class_counts.of(report.clients)
         local = [
-            (c["class_counts"], c["local_per_class_accuracy"])
-            for c in report.clients if "local_per_class_accuracy" in c and "class_counts" in c
+            (counts[c["partition_id"]], c["local_per_class_accuracy"])
+            for c in report.clients if "local_per_class_accuracy" in c and c.get("partition_id") in counts
         ]
         if local and previous_global is not None:
             record["local_update"] = local_update_view(local, previous_global)
@@ -221,7 +224,7 @@ class ServerRun:
         """rounds.jsonl first, then the checkpoint (which records its round), then the state
         that points at both: a kill or a full disk between two writes leaves a checkpoint
         whose round rounds.jsonl holds (read_resume_point sorts out a stale state.json)."""
-        new = {c["partition_id"]: c["class_counts"] for c in report.clients if "partition_id" in c and "class_counts" in c}
+        new = self.class_counts.of(report.clients)
         server_state = self.strategy.server_state()
         with self.results_written():
             if any(pid not in self.clients for pid in new):
@@ -318,6 +321,8 @@ class ServerRun:
             "num_train_pool": None if self.bundle is None else int(self.bundle.train_y.shape[0]),
             "num_test": None if self.bundle is None else int(self.bundle.test_y.shape[0]),
             **summarize(rounds),
+            # what the sites' training replies carried this session (docs/methods.md, "What a site shares")
+            "reply_metrics": sorted(self.strategy.reply_metric_names),
             "rounds_completed": max((r["round"] for r in rounds), default=0),
             "wall_seconds": time.perf_counter() - self.t_start,
             **extra,

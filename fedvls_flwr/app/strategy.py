@@ -112,6 +112,7 @@ class CheckedFedAvg(NodeDirectory, FedAvg):
         self.partitions: dict[int, int] = {}  # node id -> partition id (queries and replies)
         self.sizes: dict[int, float] = {}  # node id -> its last num-examples (message order)
         self._destinations: dict[str, int] = {}  # message id -> node id, of the round's messages
+        self.reply_metric_names: set[str] = set()  # what the sites' training replies carried (summary.json)
 
     # ---- sampling and broadcast -------------------------------------------
     def sample(self, node_ids: list[int], server_round: int) -> list[int]:
@@ -205,7 +206,8 @@ class CheckedFedAvg(NodeDirectory, FedAvg):
                 continue
             accepted.append(reply)
             self.sizes[node_id] = reply.num_examples
-            self.report.clients.append({"node": node, **self._client_info(msg.content)})
+            self.report.clients.append({"node": node, "num_examples": reply.num_examples, **self._client_info(msg.content)})
+            self.reply_metric_names.update(metrics_in(msg.content, protocol.METRICS).keys())
         answered = {self._node_of(m) for m in replies}
         silent: list[int | None] = [n for n in self.report.sampled_nodes if n not in answered]
         silent += [None] * max(0, self.report.sampled - len(replies) - len(silent))  # sampled_nodes unknown

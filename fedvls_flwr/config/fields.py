@@ -95,6 +95,8 @@ class RunConfigFields:
     resume: bool = False
     #: the local-update diagnostic (clients evaluate their updated model)
     local_eval: bool = False
+    #: diagnostic: sites send their class counts (label distribution) with every reply (docs/methods.md)
+    share_class_counts: bool = False
     #: also log every round's numbers for an experiment tracker (docs/tracking.md)
     tracking: str = "none"
     #: FedProx proximal weight mu: + (mu/2) ||w - w_global||^2

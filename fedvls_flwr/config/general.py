@@ -105,6 +105,11 @@ GROUPS: tuple[tuple[str, tuple[Setting, ...]], ...] = (
                 check=lambda v: "/" not in v and v not in (".", ".."), rule="a plain folder name (no '/')"),
         Setting("resume", False, "continue the run in run-name from its last completed round"),
         Setting("local-eval", False, "the local-update diagnostic (clients evaluate their updated model)"),
+        # A site's class counts are its label distribution. No method needs them on the server
+        # each round, so replies carry them only when asked: a simulation's server computes
+        # them from the split itself (docs/methods.md, "What a site shares").
+        Setting("share-class-counts", False, "diagnostic: sites send their class counts (label distribution) "
+                "with every reply (docs/methods.md)"),
         # Event files in the run folder, written by the server from each round's rounds.jsonl
         # record (docs/tracking.md); needs the extra: pip install "fedvls-flwr[tensorboard]".
         Setting("tracking", "none", "also log every round's numbers for an experiment tracker (docs/tracking.md)",

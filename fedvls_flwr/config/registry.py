@@ -184,6 +184,10 @@ class Part:
         kept on the server and sent with the weights (FedGF's perturbed global point and
         coefficient c); ``None`` for the parts that need none. Its interface:
         :class:`fedvls_flwr.algorithms.downlink.ServerCompanion`.
+    sends
+        What the part adds to the server's messages besides the global weights, in words (the
+        docs' table of what each part sends and shares is generated from it); empty for the
+        parts that add nothing.
     rules
         What the part needs of the rest of a run config: a message saying what is wrong and
         how to fix it, or None (checked with every run config, before anything runs).
@@ -199,12 +203,15 @@ class Part:
     settings: tuple[Setting, ...] = ()
     shares: tuple[str, ...] = ()
     server: str | None = None
+    sends: str = ""
     rules: Callable[[Mapping[str, Any]], str | None] | None = None
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.shares) - set(SITE_STATISTICS))
         if unknown:
             raise ValueError(f"part {self.name!r} shares unknown site statistics {unknown}; known: {sorted(SITE_STATISTICS)}")
+        if self.server is not None and not self.sends:
+            raise ValueError(f"part {self.name!r} has a server companion: declare what it sends (Part.sends)")
 
     def load_server(self) -> Any:
         """The server-side companion class, or None (imported on first use)."""
@@ -267,7 +274,8 @@ LOCAL_OPTIMIZERS: tuple[Part, ...] = (
     Part("sam", "FedSAM", f"{_LOCAL}:SAMStep", (SAM_RHO,)),
     Part("fedgf", "FedGF", "fedvls_flwr.algorithms.fedgf:FedGFStep",
          (SAM_RHO, FEDGF_RHO_G, FEDGF_C, FEDGF_C_MODE, FEDGF_THRESHOLD, FEDGF_WINDOW),
-         server="fedvls_flwr.algorithms.fedgf:FedGFServer"),
+         server="fedvls_flwr.algorithms.fedgf:FedGFServer",
+         sends="from round 2: the perturbed global model w_g (a second copy of the weights) and the coefficient c"),
 )
 
 #: Server optimizers (run-config ``server-optimizer``): how the checked, sample-weighted
@@ -289,7 +297,9 @@ PROTOCOLS: tuple[Part, ...] = (
     Part("standard", "Standard", f"{_ROUNDS}:StandardRounds"),
     Part("fedconcat", "FedConcat", "fedvls_flwr.algorithms.fedconcat:FedConcat",
          (FEDCONCAT_CLUSTERS, FEDCONCAT_ENCODER_ROUNDS, FEDCONCAT_HEAD_STEPS, FEDCONCAT_HEAD_INIT, FEDCONCAT_ASSIGNMENT),
-         shares=("class-counts",), rules=_fedconcat_rules),
+         shares=("class-counts",), rules=_fedconcat_rules,
+         sends="stage 1: the site's cluster model instead of one global model; stage 2: the K frozen encoders, "
+               "once per node, then the head each round"),
 )
 
 #: The run-config key that selects each kind of part, its registry and its default part.

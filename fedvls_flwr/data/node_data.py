@@ -68,7 +68,7 @@ from fedvls_flwr.data.node_config import (
     check_partition,
     parse_node_config,
 )
-from fedvls_flwr.data.partition import partition_indices
+from fedvls_flwr.data.partition import class_counts, partition_indices
 from fedvls_flwr.data.synthetic import synthetic_dataset
 
 logger = logging.getLogger("flwr")  # Flower's logger: shows up in the SuperNode's output
@@ -130,6 +130,18 @@ def partitions_for(cfg: RunConfig, num_partitions: int) -> tuple[np.ndarray, ...
         cfg.dataset, str(cfg.resolved_data_dir()), cfg.download, cfg.train_pool_size, cfg.partition, num_partitions,
         cfg.seed, cfg.dirichlet_beta, cfg.shards_per_client, cfg.min_partition_size,
     )
+
+
+def partition_class_counts(cfg: RunConfig, num_partitions: int) -> dict[int, list[int]]:
+    """partition id -> its training samples per class, as a simulated node in partition form
+    holds them. A simulation's server computes these from the split itself, so no site has
+    to send its label distribution for the class-wise diagnostics."""
+    if cfg.dataset == "synthetic":
+        bundle, parts = synthetic_dataset(cfg.synthetic_alpha, cfg.synthetic_beta, cfg.synthetic_clients, cfg.seed)
+    else:
+        bundle, parts = dataset_for(cfg), list(partitions_for(cfg, num_partitions))
+    labels = bundle.train_y.numpy()
+    return {pid: [int(c) for c in class_counts(labels, idx, bundle.num_classes)] for pid, idx in enumerate(parts)}
 
 
 def client_data(cfg: RunConfig, partition_id: int, num_partitions: int) -> ClientData:
