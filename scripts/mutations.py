@@ -182,6 +182,13 @@ MUTATIONS: list[Mutation] = [
     Mutation("fedmr-singletons-counted", "new methods", "FedMR counts classes seen once",
              "fedvls_flwr/algorithms/objectives/fedmr.py", "counted = (counts >= 2).to(h.dtype)",
              "counted = (counts >= 1).to(h.dtype)", ("tests/test_fedmr.py",)),
+    # ---- what a site shares
+    Mutation("class-counts-always-sent", "site shares", "every training reply carries the site's class counts",
+             "fedvls_flwr/app/client.py", "           if cfg.share_class_counts else {}),", "           if True else {}),",
+             ("tests/test_site_shares.py",)),
+    Mutation("split-counts-shifted", "site shares", "the server's rebuilt split names each partition's counts one id off",
+             "fedvls_flwr/data/node_data.py", "for pid, idx in enumerate(parts)}", "for pid, idx in enumerate(parts, 1)}",
+             ("tests/test_site_shares.py",)),
     # ---- devices
     Mutation("auto-never-cuda", "devices", "device='auto' never picks CUDA",
              "fedvls_flwr/algorithms/training.py",
