@@ -1,18 +1,23 @@
 """FedConcat in real Flower runs: 4 rounds that cross the stage boundary (K-means from the
 sites' shared label distributions, per-cluster FedAvg, then the head over the frozen encoders
 that every node keeps in its Context.state), with plain CE and with FedVLS in stage 1, in
-simulation; and in deployment, where every message runs in a fresh ClientApp process."""
+simulation; killed in either stage and resumed, equal to a straight run; and in deployment,
+where every message runs in a fresh ClientApp process."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 
+import numpy as np
 import pytest
 
 from fedvls_flwr.app.launch import LocalSuperLink
-from fedvls_flwr.app.results import read_rounds
+from fedvls_flwr.app.results import MODEL_FILE, load_arrays, read_rounds
 from fedvls_flwr.deploy.local import run_local
-from tests.processes import leftovers
+from tests.processes import assert_none_left, leftovers, processes_with_home
 
 pytestmark = pytest.mark.e2e
 
@@ -64,3 +69,58 @@ def test_fedconcat_in_deployment_every_node_keeps_the_encoders(tmp_path):
     assert outcome.completed, f"{outcome.status}\n{outcome.log[-4000:]}"
     assert leftovers(pids, tmp_path) == []
     check(run_dir, 2)
+
+
+def _kill_after_round(run_dir, home, at_least: int) -> int:
+    """SIGKILL every process of the run (no grace: the fast rounds would finish otherwise) once
+    round ``at_least`` is saved; the round it had saved when it died."""
+    deadline = time.monotonic() + 300
+    state = run_dir / "state.json"
+    while time.monotonic() < deadline:
+        if state.exists() and json.loads(state.read_text())["round"] >= at_least:
+            break
+        time.sleep(0.02)
+    else:
+        pytest.fail(f"round {at_least} never finished")
+    for pid in processes_with_home(home):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return json.loads(state.read_text())["round"]
+
+
+def test_fedconcat_killed_in_either_stage_resumes_to_the_straight_runs_history(tmp_path):
+    """Real processes, killed mid-stage 1 and mid-stage 2: the resumed runs' rounds.jsonl and
+    final model equal an uninterrupted run's bit for bit (deterministic=true)."""
+    cfg = {**BASE, "method": "fedavg", "num-server-rounds": 9, "fedconcat-encoder-rounds": 3, "deterministic": True,
+           "run-name": "r"}
+    federation = {"num-supernodes": 4, "client-resources-num-cpus": 1}
+    with LocalSuperLink(tmp_path / "home-straight") as link:
+        straight = link.wait(link.submit(run_config={**cfg, "output-dir": str(tmp_path / "straight")},
+                                         federation_config=federation), timeout=400)
+    assert straight.completed, straight.log[-3000:]
+    reference = read_rounds(tmp_path / "straight" / "r")
+    for stage, kill_at in ((1, 1), (2, 5)):
+        out = tmp_path / f"stage{stage}"
+        with LocalSuperLink(tmp_path / f"home-{stage}a") as link:
+            link.submit(run_config={**cfg, "output-dir": str(out)}, federation_config=federation)
+            killed_at = _kill_after_round(out / "r", tmp_path / f"home-{stage}a", kill_at)
+        assert (killed_at < 3) if stage == 1 else (3 < killed_at < 9), killed_at
+        assert not (out / "r" / "summary.json").exists()
+        with LocalSuperLink(tmp_path / f"home-{stage}b") as link:
+            resumed = link.wait(link.submit(run_config={**cfg, "output-dir": str(out), "resume": True},
+                                            federation_config=federation), timeout=400)
+        assert resumed.completed, resumed.log[-3000:]
+        rounds = read_rounds(out / "r")
+        keys = ("round", "stage", "accuracy", "loss", "per_class_accuracy")
+        assert [[r[k] for k in keys] for r in rounds] == [[r[k] for k in keys] for r in reference]
+        assert json.loads((out / "r" / "summary.json").read_text())["resumed_after_round"] == killed_at
+        got, want = load_arrays(out / "r" / MODEL_FILE), load_arrays(tmp_path / "straight" / "r" / MODEL_FILE)
+        assert sorted(got) == sorted(want)
+        for key in want:
+            np.testing.assert_array_equal(got[key], want[key])
+        print(f"FedConcat killed after round {killed_at} (stage {stage}), resumed: rounds 0-9 and the final model "
+              "equal the straight run's")
+    for home in ("home-straight", "home-1a", "home-1b", "home-2a", "home-2b"):
+        assert_none_left((), tmp_path / home)
