@@ -271,3 +271,11 @@ def test_resumed_in_either_stage_equals_a_straight_run(tmp_path, stop_at):
     assert about["assignment"] == {"0": 0, "1": 1, "2": 0, "3": 1} and about["classifier_rounds"] == 3
     summary = json.loads((resumed / "summary.json").read_text())
     assert summary["stages"]["1"]["rounds"] == 2 and summary["stages"]["2"]["rounds"] == 3
+
+
+def test_tables_tell_the_cluster_counts_apart():
+    from fedvls_flwr.config.registry import combination_label
+    assert combination_label({"method": "fedavg", "protocol": "fedconcat", "fedconcat-clusters": 4}) == "FedConcat K=4"
+    assert combination_label({"method": "fedavg", "protocol": "fedconcat"}) == "FedConcat K=2"
+    assert combination_label({"method": "fedvls", "protocol": "fedconcat"}) == "FedVLS + FedConcat K=2"
+    assert combination_label({"method": "fedavg", "fedconcat-clusters": 4}) == "FedAvg"  # read by FedConcat only

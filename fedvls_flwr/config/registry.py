@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,8 +92,31 @@ FEDAVGM_MOMENTUM = Setting("fedavgm-momentum", 0.0, "FedAvgM server momentum (Fl
                            **between(0, 1, high_open=True))
 
 
+class EveryValueLabel(Mapping[Any, str]):
+    """A label fragment for every value of a setting (``"K={}"`` -> ``K=4``), so tables tell
+    the settings' values apart without listing them."""
+
+    def __init__(self, template: str) -> None:
+        self.template = template
+
+    def __contains__(self, value: object) -> bool:
+        return True
+
+    def __getitem__(self, value: Any) -> str:
+        return self.template.format(value)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+    def __bool__(self) -> bool:
+        return True
+
+
 FEDCONCAT_CLUSTERS = Setting("fedconcat-clusters", 2, "FedConcat: number of clusters K (2 or 4 in the FedVLS paper)",
-                             **at_least(1))
+                             label=EveryValueLabel("K={}"), **at_least(1))
 FEDCONCAT_ENCODER_ROUNDS = Setting(
     "fedconcat-encoder-rounds", 0,
     "FedConcat: rounds of stage 1 (FedAvg inside each cluster); 0 = the authors' 1 : 20 split of num-server-rounds",
