@@ -199,7 +199,9 @@ class ServerRun:
             "attempts": report.attempts,
             "failures": report.failed + report.rejected,
             "seconds": report.seconds + (time.perf_counter() - t_eval),
-            "devices": dict(Counter(c["device"] for c in report.clients if "device" in c)),
+            "devices": count_by(report.clients, "device"),
+            # accepted training replies per machine (Ray node id in a simulation, host name in deployment)
+            "nodes": count_by(report.clients, "ran_on"),
             "peak_gpu_mb": max((c["peak_gpu_mb"] for c in report.clients if "peak_gpu_mb" in c), default=None),
         }
         previous_global = self.writer.rounds[-1]["per_class_accuracy"] if self.writer.rounds else None
@@ -324,6 +326,11 @@ class ServerRun:
         }
 
 
+def count_by(clients: list[dict], key: str) -> dict[str, int]:
+    """How many of a round's accepted replies said each value of ``key`` (device, node)."""
+    return dict(Counter(c[key] for c in clients if key in c))
+
+
 def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4f}"
 
@@ -332,6 +339,8 @@ def _devices_text(record: dict) -> str:
     """``cpu``, ``cuda:0 (NVIDIA H100) x4, peak GPU 812 MiB``: where the round's clients trained."""
     devices: dict[str, int] = record.get("devices") or {}
     text = ", ".join(d if len(devices) == 1 and n == 1 else f"{d} x{n}" for d, n in devices.items()) or "?"
+    if len(nodes := record.get("nodes") or {}) > 1:
+        text += f" ({len(nodes)} nodes)"
     return text + ("" if record.get("peak_gpu_mb") is None else f", peak GPU {record['peak_gpu_mb']:.0f} MiB")
 
 
