@@ -108,3 +108,17 @@ def test_the_cluster_check_reads_ray_address_and_local_means_none(monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{free_port()}")
     said = check_cluster_settings(federation)
     assert len(said) == 2 and "init-args-num-cpus" in said[0] and "nothing answers" in said[1]
+
+
+def test_fedvls_check_names_a_conflicting_setting_and_an_unreachable_ray_address(monkeypatch, capsys):
+    from fedvls_flwr.experiments.check import main as check_main
+
+    args = ["--run-config", "dataset='digits'", "--no-data", "--federation-config", "num-supernodes=4 init-args-num-cpus=2"]
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert check_main(args) == 0  # no cluster named: init-args-num-cpus sizes the run's own Ray
+    port = free_port()
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+    assert check_main(args) == 2
+    err = capsys.readouterr().err
+    assert "error: federation setting 'init-args-num-cpus' = 2 conflicts with RAY_ADDRESS" in err
+    assert f"nothing answers at 127.0.0.1:{port}" in err and "unset RAY_ADDRESS" in err
