@@ -35,6 +35,7 @@ class Case:
     setup: Callable[[Path], None] | None = None
     pick: str = ""               # a regex: the output lines to show (default: error/warning/note/ok lines)
     timeout: float = 300.0
+    env: tuple[tuple[str, str], ...] = ()  # environment variables the command runs with (shown before it)
 
     @property
     def command(self) -> str:
@@ -46,9 +47,9 @@ class Case:
 
 
 def check(case_id: str, what: str, run_config: str | None, *extra: str, fast: bool = True,
-          setup: Callable[[Path], None] | None = None, pick: str = "") -> Case:
+          setup: Callable[[Path], None] | None = None, pick: str = "", env: tuple[tuple[str, str], ...] = ()) -> Case:
     args = CHECK + (("--run-config", run_config) if run_config is not None else ()) + extra
-    return Case(case_id, what, args, fast=fast, setup=setup, pick=pick)
+    return Case(case_id, what, args, fast=fast, setup=setup, pick=pick, env=env)
 
 
 def sweep(case_id: str, what: str, *args: str, fast: bool = True, setup: Callable[[Path], None] | None = None) -> Case:
@@ -365,6 +366,13 @@ CASES: tuple[Case, ...] = (
     Case("report-empty", "report of an empty folder (new)", REPORT + ("{tmp}",), fast=True),
     Case("report-unfinished", "report of runs still going or failed (new)", REPORT + ("{tmp}/runs",), fast=True,
          setup=runs_for_report, pick=r"^(error|  left out)"),
+    # a simulation meant for a running Ray cluster (docs/ray-cluster.md; 127.0.0.1:9: nothing listens there)
+    check("ray-address-unreachable", "`RAY_ADDRESS` that nothing answers (new)", None, "--no-data",
+          env=(("RAY_ADDRESS", "127.0.0.1:9"),)),
+    check("ray-init-args-conflict", "federation `init-args-num-cpus` with `RAY_ADDRESS` set (new)", None, "--no-data",
+          "--federation-config", "num-supernodes=4 init-args-num-cpus=2", env=(("RAY_ADDRESS", "127.0.0.1:9"),)),
+    Case("sweep-ray-address-unreachable", "sweep with a `RAY_ADDRESS` that nothing answers (new)",
+         SWEEP + ("bench/sweep-digits-small.yaml", "-o", "{tmp}/out"), env=(("RAY_ADDRESS", "127.0.0.1:9"),)),
     # a good config
     check("good", "a good config (digits, with data and split)", "method='fedavg'", "--num-supernodes", "10",
           fast=False),
