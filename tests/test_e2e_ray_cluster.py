@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from fedvls_flwr.app.launch import LocalSuperLink
+from fedvls_flwr.app.processes import free_port
 from fedvls_flwr.app.ray_cluster import RAY_BIN, RayNode, start_ray_node
 from fedvls_flwr.app.results import read_rounds
 from tests.processes import assert_none_left
@@ -143,18 +144,37 @@ def test_a_worker_node_killed_mid_run_loses_nothing_written_and_resume_continues
         # the run went on with the head's clients; the lost ones counted like any failing client
         assert [r["round"] for r in rounds] == list(range(n + 1))
         assert any(r["clients_failed"] > 0 for r in rounds[killed_after + 1:]), [r["clients_failed"] for r in rounds]
-        later = {node for r in rounds[killed_after + 2:] for node in r["nodes"]}
-        assert len(later) == 1, later
-        return
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "failed", summary
-    # resume continues on the head alone, from the last round written
-    saved = json.loads((run_dir / "state.json").read_text())["round"]
+        assert len({node for r in rounds[killed_after + 2:] for node in r["nodes"]}) == 1
+        saved = n
+    else:  # or it stopped: summary.json says so, and the rounds saved are the resume point
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["status"] == "failed", summary
+        saved = json.loads((run_dir / "state.json").read_text())["round"]
+    # resume continues, on the head alone, from the last round written (2 more rounds if it completed)
+    more = {**cfg, "resume": True, "num-server-rounds": n + 2}
     with LocalSuperLink(tmp_path / "home-resume", env_extra={"RAY_ADDRESS": cluster.address}) as link:
-        resumed = link.wait(link.submit(run_config={**cfg, "resume": True}, federation_config=FEDERATION), timeout=400)
+        resumed = link.wait(link.submit(run_config=more, federation_config=FEDERATION), timeout=400)
         cluster.note_pids()
     assert resumed.completed, resumed.log[-4000:]
     rounds = read_rounds(run_dir)
-    assert [r["round"] for r in rounds] == list(range(n + 1))
+    print(f"  resumed after round {saved}: " + ", ".join(
+        f"round {r['round']}: accepted {r['clients_accepted']} on {r['nodes']}" for r in rounds[saved + 1:]))
+    assert [r["round"] for r in rounds] == list(range(n + 3))
     assert rounds[: killed_after + 1] == before
     assert json.loads((run_dir / "summary.json").read_text())["resumed_after_round"] == saved
+    assert all(r["clients_accepted"] == 4 and len(r["nodes"]) == 1 for r in rounds[saved + 1:])
+
+
+def test_a_ray_address_nothing_answers_fails_the_run_in_its_first_lines_with_the_fix(tmp_path):
+    port = free_port()
+    cfg = {**BASE, "num-server-rounds": 2, "output-dir": str(tmp_path), "run-name": "r"}
+    t0 = time.monotonic()
+    with LocalSuperLink(tmp_path / "home", env_extra={"RAY_ADDRESS": f"127.0.0.1:{port}"}) as link:
+        outcome = link.wait(link.submit(run_config=cfg, federation_config=FEDERATION), timeout=300)
+    print(f"\nunreachable RAY_ADDRESS: run {outcome.status} after {time.monotonic() - t0:.0f} s")
+    assert outcome.status == "finished:failed", outcome.status
+    said = [line for line in outcome.log.splitlines() if "nothing answers at" in line]
+    assert said and f"RAY_ADDRESS = '127.0.0.1:{port}'" in said[0] and "unset RAY_ADDRESS" in said[0], outcome.log[-3000:]
+    print("  " + said[0].strip())
+    assert "round 1/" not in outcome.log
+    assert_none_left((), tmp_path / "home")
