@@ -24,6 +24,7 @@ SWEEP = ("-m", "fedvls_flwr.experiments.sweep")
 DEPLOY = ("-m", "fedvls_flwr", "deploy", "local", "--insecure")
 REPORT = ("-m", "fedvls_flwr", "report")
 DIGITS = ",".join(str(i) for i in range(10))
+NO_RAY = (("RAY_ADDRESS", "127.0.0.1:9"),)
 
 
 @dataclass(frozen=True)
@@ -36,14 +37,6 @@ class Case:
     pick: str = ""               # a regex: the output lines to show (default: error/warning/note/ok lines)
     timeout: float = 300.0
     env: tuple[tuple[str, str], ...] = ()  # environment variables the command runs with (shown before it)
-
-    @property
-    def command(self) -> str:
-        """check, sweep, deploy or report, as the table's command column says it."""
-        for kind, head in (("check", CHECK), ("sweep", SWEEP), ("deploy", DEPLOY), ("report", REPORT)):
-            if self.args[: len(head)] == head:
-                return kind
-        return " ".join(self.args[:2])
 
 
 def check(case_id: str, what: str, run_config: str | None, *extra: str, fast: bool = True,
@@ -366,13 +359,12 @@ CASES: tuple[Case, ...] = (
     Case("report-empty", "report of an empty folder (new)", REPORT + ("{tmp}",), fast=True),
     Case("report-unfinished", "report of runs still going or failed (new)", REPORT + ("{tmp}/runs",), fast=True,
          setup=runs_for_report, pick=r"^(error|  left out)"),
-    # a simulation meant for a running Ray cluster (docs/ray-cluster.md; 127.0.0.1:9: nothing listens there)
-    check("ray-address-unreachable", "`RAY_ADDRESS` that nothing answers (new)", None, "--no-data",
-          env=(("RAY_ADDRESS", "127.0.0.1:9"),)),
+    # a simulation meant for a running Ray cluster (docs/ray-cluster.md); nothing listens at 127.0.0.1:9
+    check("ray-address-unreachable", "`RAY_ADDRESS` that nothing answers (new)", None, "--no-data", env=NO_RAY),
     check("ray-init-args-conflict", "federation `init-args-num-cpus` with `RAY_ADDRESS` set (new)", None, "--no-data",
-          "--federation-config", "num-supernodes=4 init-args-num-cpus=2", env=(("RAY_ADDRESS", "127.0.0.1:9"),)),
-    Case("sweep-ray-address-unreachable", "sweep with a `RAY_ADDRESS` that nothing answers (new)",
-         SWEEP + ("bench/sweep-digits-small.yaml", "-o", "{tmp}/out"), env=(("RAY_ADDRESS", "127.0.0.1:9"),)),
+          "--federation-config", "num-supernodes=4 init-args-num-cpus=2", env=NO_RAY),
+    Case("sweep-ray-unreachable", "sweep with a `RAY_ADDRESS` that nothing answers (new)", SWEEP + (
+        "bench/sweep-digits-small.yaml", "-o", "{tmp}/out"), env=NO_RAY),
     # a good config
     check("good", "a good config (digits, with data and split)", "method='fedavg'", "--num-supernodes", "10",
           fast=False),
