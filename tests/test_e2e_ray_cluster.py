@@ -165,16 +165,25 @@ def test_a_worker_node_killed_mid_run_loses_nothing_written_and_resume_continues
     assert all(r["clients_accepted"] == 4 and len(r["nodes"]) == 1 for r in rounds[saved + 1:])
 
 
-def test_a_ray_address_nothing_answers_fails_the_run_in_its_first_lines_with_the_fix(tmp_path):
+def test_a_ray_address_nothing_answers_is_named_in_the_runs_first_lines_with_the_fix(tmp_path):
+    """Flower's ray.init retries an address nothing answers for minutes (over 300 s measured):
+    the ServerApp says why, with the fix, as soon as it starts; the run is then stopped."""
     port = free_port()
     cfg = {**BASE, "num-server-rounds": 2, "output-dir": str(tmp_path), "run-name": "r"}
-    t0 = time.monotonic()
     with LocalSuperLink(tmp_path / "home", env_extra={"RAY_ADDRESS": f"127.0.0.1:{port}"}) as link:
-        outcome = link.wait(link.submit(run_config=cfg, federation_config=FEDERATION), timeout=300)
-    print(f"\nunreachable RAY_ADDRESS: run {outcome.status} after {time.monotonic() - t0:.0f} s")
-    assert outcome.status == "finished:failed", outcome.status
-    said = [line for line in outcome.log.splitlines() if "nothing answers at" in line]
-    assert said and f"RAY_ADDRESS = '127.0.0.1:{port}'" in said[0] and "unset RAY_ADDRESS" in said[0], outcome.log[-3000:]
+        t0 = time.monotonic()
+        run_id = link.submit(run_config=cfg, federation_config=FEDERATION)
+        said: list[str] = []
+        while not said and time.monotonic() - t0 < 180:
+            time.sleep(2)
+            said = [line for line in link.logs(run_id).splitlines() if "nothing answers at" in line]
+        seconds = time.monotonic() - t0
+        link.flwr("stop", str(run_id), link.connection)
+        outcome = link.wait(run_id, timeout=120)
+    print(f"\nunreachable RAY_ADDRESS: said after {seconds:.0f} s; the run ended {outcome.status} after flwr stop")
+    assert said, outcome.log[-3000:]
     print("  " + said[0].strip())
-    assert "round 1/" not in outcome.log
+    assert f"RAY_ADDRESS = '127.0.0.1:{port}'" in said[0] and "unset RAY_ADDRESS" in said[0]
+    assert "flwr stop" in said[0] and "round 1/" not in outcome.log
+    assert outcome.status.startswith("finished:"), outcome.status
     assert_none_left((), tmp_path / "home")

@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from logging import INFO, WARNING
+from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from fedvls_flwr.algorithms.run_model import build_run_model
 from fedvls_flwr.algorithms.training import evaluate, resolve_device
 from fedvls_flwr.app.events import ROUND_END, emit
 from fedvls_flwr.app.messages import is_simulation, to_array_record, to_numpy_dict
+from fedvls_flwr.app.ray_cluster import check_ray_address, ray_address
 from fedvls_flwr.app.results import (
     CONFIG_FILE,
     RESUMABLE_CHANGES,
@@ -116,6 +117,13 @@ class ServerRun:
         self.t_start = time.perf_counter()
         self.grid, self.cfg = grid, cfg
         check_tracking(cfg)  # a missing tracker package: said before the dataset or a round
+        if is_simulation(grid) and (joined := ray_address()) is not None and (problem := check_ray_address(joined)):
+            # Logged, not only raised: Flower 1.41 keeps a ServerApp's exception until its Ray backend's
+            # ray.init returns, and ray.init keeps retrying an address nothing answers (docs/ray-cluster.md)
+            message = (f"this simulation was started with {problem}. No round will start: stop this run "
+                       "(flwr stop <run-id>), fix RAY_ADDRESS in the SuperLink's environment and submit it again")
+            log(ERROR, "%s", message)
+            raise ConfigError(message)
         self.run_dir = run_dir_for(cfg)
         self.start_round, saved_arrays, saved_rounds = _resume_point(cfg, self.run_dir)
         self.saved_round = self.start_round
