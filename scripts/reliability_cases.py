@@ -24,6 +24,7 @@ SWEEP = ("-m", "fedvls_flwr.experiments.sweep")
 DEPLOY = ("-m", "fedvls_flwr", "deploy", "local", "--insecure")
 REPORT = ("-m", "fedvls_flwr", "report")
 DIGITS = ",".join(str(i) for i in range(10))
+NO_RAY = (("RAY_ADDRESS", "127.0.0.1:9"),)
 
 
 @dataclass(frozen=True)
@@ -35,20 +36,13 @@ class Case:
     setup: Callable[[Path], None] | None = None
     pick: str = ""               # a regex: the output lines to show (default: error/warning/note/ok lines)
     timeout: float = 300.0
-
-    @property
-    def command(self) -> str:
-        """check, sweep, deploy or report, as the table's command column says it."""
-        for kind, head in (("check", CHECK), ("sweep", SWEEP), ("deploy", DEPLOY), ("report", REPORT)):
-            if self.args[: len(head)] == head:
-                return kind
-        return " ".join(self.args[:2])
+    env: tuple[tuple[str, str], ...] = ()  # environment variables the command runs with (shown before it)
 
 
 def check(case_id: str, what: str, run_config: str | None, *extra: str, fast: bool = True,
-          setup: Callable[[Path], None] | None = None, pick: str = "") -> Case:
+          setup: Callable[[Path], None] | None = None, pick: str = "", env: tuple[tuple[str, str], ...] = ()) -> Case:
     args = CHECK + (("--run-config", run_config) if run_config is not None else ()) + extra
-    return Case(case_id, what, args, fast=fast, setup=setup, pick=pick)
+    return Case(case_id, what, args, fast=fast, setup=setup, pick=pick, env=env)
 
 
 def sweep(case_id: str, what: str, *args: str, fast: bool = True, setup: Callable[[Path], None] | None = None) -> Case:
@@ -365,6 +359,12 @@ CASES: tuple[Case, ...] = (
     Case("report-empty", "report of an empty folder (new)", REPORT + ("{tmp}",), fast=True),
     Case("report-unfinished", "report of runs still going or failed (new)", REPORT + ("{tmp}/runs",), fast=True,
          setup=runs_for_report, pick=r"^(error|  left out)"),
+    # a simulation meant for a running Ray cluster (docs/ray-cluster.md); nothing listens at 127.0.0.1:9
+    check("ray-address-unreachable", "`RAY_ADDRESS` that nothing answers (new)", None, "--no-data", env=NO_RAY),
+    check("ray-init-args-conflict", "federation `init-args-num-cpus` with `RAY_ADDRESS` set (new)", None, "--no-data",
+          "--federation-config", "num-supernodes=4 init-args-num-cpus=2", env=NO_RAY),
+    Case("sweep-ray-unreachable", "sweep with a `RAY_ADDRESS` that nothing answers (new)", SWEEP + (
+        "bench/sweep-digits-small.yaml", "-o", "{tmp}/out"), env=NO_RAY),
     # a good config
     check("good", "a good config (digits, with data and split)", "method='fedavg'", "--num-supernodes", "10",
           fast=False),

@@ -74,7 +74,7 @@ def run_case(case: Case, tmp: Path) -> Result:
     if case.setup is not None:
         case.setup(tmp)
     args = [a.replace("{tmp}", str(tmp)).replace("{data}", str(DATA)) for a in case.args]
-    env = {**os.environ, "FEDVLS_CACHE_DIR": str(tmp / ".cache"), "PYTHONWARNINGS": "ignore"}
+    env = {**os.environ, "FEDVLS_CACHE_DIR": str(tmp / ".cache"), "PYTHONWARNINGS": "ignore", **dict(case.env)}
     t0 = time.perf_counter()
     try:
         out = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True,
@@ -88,7 +88,8 @@ def run_case(case: Case, tmp: Path) -> Result:
 
 
 def command_of(case: Case) -> str:
-    return "python " + shlex.join(case.args).replace("{tmp}", "<tmp>").replace("{data}", "<data>")
+    prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in case.env)
+    return prefix + "python " + shlex.join(case.args).replace("{tmp}", "<tmp>").replace("{data}", "<data>")
 
 
 def cell(text: str) -> str:

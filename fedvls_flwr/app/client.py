@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import socket
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -138,8 +140,28 @@ def train_round(content: RecordDict, node_config: dict[str, Any], client_state: 
         metrics[protocol.LOCAL_PER_CLASS_ACCURACY] = local_test_per_class(cfg, model, device)
     return RecordDict({
         protocol.ARRAYS: ArrayRecord(weights), protocol.METRICS: MetricRecord(metrics),
-        protocol.CLIENT_INFO: ConfigRecord({protocol.DEVICE: describe_device(device)}),
+        protocol.CLIENT_INFO: client_info(device),
     })
+
+
+def where_it_runs() -> str:
+    """The machine this client runs on: ``ray:<node id>`` inside a Ray actor (a simulation,
+    possibly on a Ray cluster of several machines), else the host name (a SuperNode in a
+    deployment). Ray is only asked when this process already imported and initialised it:
+    a deployment's ClientApp does not load Ray for this."""
+    ray = sys.modules.get("ray")
+    if ray is not None:
+        try:
+            if ray.is_initialized():
+                return f"ray:{ray.get_runtime_context().get_node_id()}"
+        except Exception:  # noqa: BLE001 - a half-imported or shut-down Ray: say the host instead
+            pass
+    return socket.gethostname()
+
+
+def client_info(device: torch.device) -> ConfigRecord:
+    """What a reply says about the client: the device it used and the node it ran on."""
+    return ConfigRecord({protocol.DEVICE: describe_device(device), protocol.NODE: where_it_runs()})
 
 
 def evaluate_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDict:
@@ -189,7 +211,7 @@ def query_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDict:
             metrics[protocol.CLASS_COUNTS] = [int(c) for c in torch.bincount(data.y, minlength=data.num_classes).tolist()]
     return RecordDict({
         protocol.METRICS: MetricRecord(metrics),
-        protocol.CLIENT_INFO: ConfigRecord({protocol.DEVICE: describe_device(device)}),
+        protocol.CLIENT_INFO: client_info(device),
     })
 
 

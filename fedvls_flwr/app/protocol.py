@@ -44,6 +44,7 @@ PEAK_GPU_MB = "peak-gpu-mb"  # torch.cuda.max_memory_allocated of the round, MiB
 # a training or query reply's ConfigRecord CLIENT_INFO: what the client is, in words
 CLIENT_INFO = "client-info"
 DEVICE = "device"  # algorithms.device.describe_device: "cuda:0 (NVIDIA ...)", "cpu", ...
+NODE = "node"  # where the client ran: "ray:<Ray node id>" in a Ray actor, else the host name (client.where_it_runs)
 
 #: Reply metrics that are not averaged over the clients: identity, and the peak GPU memory
 #: (the round reports the largest, the figure to size client-resources-num-gpus by).

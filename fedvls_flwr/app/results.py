@@ -15,6 +15,7 @@ import math
 import os
 import tempfile
 import zipfile
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -168,8 +169,17 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         "best_round": best["round"],
         "final_accuracy": trained[-1]["accuracy"],
         "final_round": trained[-1]["round"],
+        "replies_per_node": replies_per_node(rounds),
         **stage_costs(rounds),
     }
+
+
+def replies_per_node(rounds: list[dict[str, Any]]) -> dict[str, int]:
+    """Accepted training replies per machine over the run (each round's ``nodes``), most first."""
+    total: Counter[str] = Counter()
+    for r in rounds:
+        total.update(r.get("nodes") or {})
+    return dict(total.most_common())
 
 
 def stage_costs(rounds: list[dict[str, Any]]) -> dict[str, Any]:

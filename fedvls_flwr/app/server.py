@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from logging import INFO, WARNING
+from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from fedvls_flwr.algorithms.run_model import build_run_model
 from fedvls_flwr.algorithms.training import evaluate, resolve_device
 from fedvls_flwr.app.events import ROUND_END, emit
 from fedvls_flwr.app.messages import is_simulation, to_array_record, to_numpy_dict
+from fedvls_flwr.app.ray_cluster import check_ray_address, ray_address
 from fedvls_flwr.app.results import (
     CONFIG_FILE,
     RESUMABLE_CHANGES,
@@ -117,6 +118,13 @@ class ServerRun:
         self.t_start = time.perf_counter()
         self.grid, self.cfg = grid, cfg
         check_tracking(cfg)  # a missing tracker package: said before the dataset or a round
+        if is_simulation(grid) and (joined := ray_address()) is not None and (problem := check_ray_address(joined)):
+            # Logged, not only raised: Flower 1.41 keeps a ServerApp's exception until its Ray backend's
+            # ray.init returns, and ray.init keeps retrying an address nothing answers (docs/ray-cluster.md)
+            message = (f"this simulation was started with {problem}. No round will start: stop this run "
+                       "(flwr stop <run-id>), fix RAY_ADDRESS in the SuperLink's environment and submit it again")
+            log(ERROR, "%s", message)
+            raise ConfigError(message)
         self.run_dir = run_dir_for(cfg)
         self.start_round, saved_arrays, saved_rounds = _resume_point(cfg, self.run_dir)
         self.saved_round = self.start_round
@@ -201,7 +209,9 @@ class ServerRun:
             "attempts": report.attempts,
             "failures": report.failed + report.rejected,
             "seconds": report.seconds + (time.perf_counter() - t_eval),
-            "devices": dict(Counter(c["device"] for c in report.clients if "device" in c)),
+            "devices": count_by(report.clients, "device"),
+            # accepted training replies per machine (Ray node id in a simulation, host name in deployment)
+            "nodes": count_by(report.clients, "ran_on"),
             "peak_gpu_mb": max((c["peak_gpu_mb"] for c in report.clients if "peak_gpu_mb" in c), default=None),
         }
         previous_global = self.writer.rounds[-1]["per_class_accuracy"] if self.writer.rounds else None
@@ -329,6 +339,11 @@ class ServerRun:
         }
 
 
+def count_by(clients: list[dict], key: str) -> dict[str, int]:
+    """How many of a round's accepted replies said each value of ``key`` (device, node)."""
+    return dict(Counter(c[key] for c in clients if key in c))
+
+
 def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4f}"
 
@@ -337,6 +352,8 @@ def _devices_text(record: dict) -> str:
     """``cpu``, ``cuda:0 (NVIDIA H100) x4, peak GPU 812 MiB``: where the round's clients trained."""
     devices: dict[str, int] = record.get("devices") or {}
     text = ", ".join(d if len(devices) == 1 and n == 1 else f"{d} x{n}" for d, n in devices.items()) or "?"
+    if len(nodes := record.get("nodes") or {}) > 1:
+        text += f" ({len(nodes)} nodes)"
     return text + ("" if record.get("peak_gpu_mb") is None else f", peak GPU {record['peak_gpu_mb']:.0f} MiB")
 
 

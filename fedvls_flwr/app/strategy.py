@@ -271,7 +271,10 @@ class CheckedFedAvg(NodeDirectory, FedAvg):
         if protocol.PEAK_GPU_MB in metrics:
             info["peak_gpu_mb"] = number(metrics[protocol.PEAK_GPU_MB])
         if protocol.CLIENT_INFO in content.config_records:
-            info["device"] = str(content.config_records[protocol.CLIENT_INFO].get(protocol.DEVICE, "?"))
+            said = content.config_records[protocol.CLIENT_INFO]
+            info["device"] = str(said.get(protocol.DEVICE, "?"))
+            if protocol.NODE in said:  # "node" is Flower's node id here: this is the machine
+                info["ran_on"] = str(said[protocol.NODE])
         return info
 
     @staticmethod

@@ -90,7 +90,9 @@ SYNONYMS = {
     "epochs": "local-epochs", "wd": "weight-decay", "beta": "dirichlet-beta", "alpha": "dirichlet-beta",
 }
 #: Simulation settings that belong in ``flwr run --federation-config``, not the run config.
-FEDERATION_KEYS = ("num-supernodes", "client-resources-num-cpus", "client-resources-num-gpus")
+FEDERATION_KEYS = ("num-supernodes", "client-resources-num-cpus", "client-resources-num-gpus",
+                   # ray.init's arguments for a new one-machine Ray (docs/ray-cluster.md: two conflict with a cluster)
+                   "init-args-num-cpus", "init-args-num-gpus", "init-args-logging-level", "init-args-log-to-driver")
 
 
 def did_you_mean(key: str, known: Iterable[str]) -> str:

@@ -18,6 +18,10 @@ machine it also checks that ``device = 'cuda'`` has a CUDA device, that ``output
 can be created and written, that the run folder of ``run-name`` is free (or, with
 ``resume = true``, can be resumed) and that the package ``tracking`` needs is installed;
 ``--for-other-machine`` skips these four for a config meant for another machine.
+
+With ``RAY_ADDRESS`` set (a simulation meant to join a running Ray cluster, docs/ray-cluster.md)
+it checks that something answers there and that ``--federation-config`` holds no setting
+``ray.init`` refuses when joining a cluster (``init-args-num-cpus``, ``init-args-num-gpus``).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedvls_flwr.app.federation import clients_per_round
+from fedvls_flwr.app.ray_cluster import check_cluster_settings
 from fedvls_flwr.app.tracking import check_tracking
 from fedvls_flwr.config.args import parse_run_config_args
 from fedvls_flwr.config.run_config import ConfigError, RunConfig, model_name, parse_run_config
@@ -210,6 +215,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-config", action="append", default=[], metavar="STR_OR_TOML",
                         help="as for flwr run: 'key=value ...' or a .toml file (repeatable)")
     parser.add_argument("--num-supernodes", type=int, help="simulated nodes (checks the partition)")
+    parser.add_argument("--federation-config", action="append", default=[], metavar="STR",
+                        help="as for flwr run: 'num-supernodes=10 init-args-num-cpus=2 ...' (num-supernodes "
+                             "checks the partition; with RAY_ADDRESS set, settings that a running Ray cluster "
+                             "refuses are named)")
     parser.add_argument("--no-data", action="store_true", help="check the keys only, not the dataset")
     parser.add_argument("--for-other-machine", action="store_true",
                         help="the config is for another machine (e.g. GPU SuperNodes, a remote SuperLink): "
@@ -220,7 +229,13 @@ def main(argv: list[str] | None = None) -> int:
     warnings: list[str] = []
     try:
         overrides = parse_run_config_args(args.run_config)
-        cfg = check_run_config(overrides, args.num_supernodes, data=not args.no_data,
+        federation = parse_run_config_args(args.federation_config, "--federation-config")
+        num_supernodes = args.num_supernodes
+        if num_supernodes is None and federation.get("num-supernodes") is not None:
+            num_supernodes = int(federation["num-supernodes"])
+        if not args.for_other_machine and (problems := check_cluster_settings(federation)):
+            raise ConfigError("; ".join(problems))  # before the data is loaded: a run would not start
+        cfg = check_run_config(overrides, num_supernodes, data=not args.no_data,
                                this_machine=not args.for_other_machine, warn=warnings)
     except (ValueError, FileNotFoundError) as err:
         # ConfigError (syntax, keys), RunFolderError, PartitionError, NodeDataError, DatasetNotFoundError

@@ -7,6 +7,10 @@ about the app, not about a re-implementation. Runs whose folder already holds a
 
 The preset format: :mod:`fedvls_flwr.experiments.preset`.
 
+Ray starts once for the whole sweep: a head on 127.0.0.1 that the sweep starts (and stops by PID)
+and every run joins through ``RAY_ADDRESS``, or the cluster the user's ``RAY_ADDRESS`` names
+(docs/ray-cluster.md); ``--no-shared-ray`` gives each run its own Ray, as a lone ``flwr run``.
+
 Every run folder gets ``sweep-run.json`` (the run config and federation it was started
 with). A planned run whose exact settings already finished in another folder under the
 same output directory (e.g. the 60,000-image runs that a scale study shares with a table)
@@ -16,6 +20,7 @@ is not run again; a folder whose finished run has other settings than planned is
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
@@ -26,8 +31,10 @@ from typing import Any
 
 import yaml
 
+from fedvls_flwr.app.flower_cli import flower_env
 from fedvls_flwr.app.launch import LocalSuperLink
 from fedvls_flwr.app.processes import PortRangeError, parse_port_range
+from fedvls_flwr.app.ray_cluster import RayClusterError, RayHead, check_ray_address, ray_address
 from fedvls_flwr.app.results import SUMMARY_FILE, atomic_write_json
 from fedvls_flwr.config.args import parse_items
 from fedvls_flwr.config.run_config import ConfigError, RunConfig, parse_run_config
@@ -100,12 +107,15 @@ def _check_same_settings(run_dir: Path, identity: dict[str, Any]) -> None:
 
 def run_preset(
     preset: Preset, output_dir: Path, *, timeout: float = 3600.0, log: Callable[..., None] = print, report: bool = True,
-    port_range: tuple[int, int] | None = None, view: ProgressView | None = None,
+    port_range: tuple[int, int] | None = None, view: ProgressView | None = None, shared_ray: bool = True,
 ) -> dict[str, Any]:
     """Run every not-yet-finished run of ``preset`` under ``output_dir``; returns a status dict.
 
     ``port_range``: the SuperLink's port comes from this inclusive range (Ray's own ports do not).
     ``view``: where the progress goes (default: plain lines through ``log``, one per 30 s at most).
+    ``shared_ray``: every run joins one Ray: the cluster ``RAY_ADDRESS`` names, else a head this
+    sweep starts on 127.0.0.1 (and stops by PID at the end), so Ray starts once, not once a run.
+    False: each run starts its own Ray, as a lone ``flwr run`` does (unless ``RAY_ADDRESS`` is set).
     """
     view = view or ProgressView(log)
     log = view.message
@@ -140,10 +150,24 @@ def run_preset(
         except ValueError as err:  # ConfigError, RunFolderError (which file, what to do)
             raise PresetError(f"preset {preset.path}: run {run_config['run-name']}: {err}") from None
     log(f"[sweep] {preset.name}: {len(preset.runs)} runs, {len(statuses)} already finished, {len(todo)} to run")
+    joined = ray_address()
+    if todo and joined is not None and (unreachable := check_ray_address(joined)) is not None:
+        raise PresetError(unreachable)  # said before any run starts, not as a Ray traceback in each
     if todo:
         progress = SweepProgress(output_dir, planned, view)
         try:
-            with LocalSuperLink(output_dir / ".flwr-home", port_range=port_range) as link:
+            with contextlib.ExitStack() as stack:
+                home = output_dir / ".flwr-home"
+                env_extra: dict[str, str] = {}
+                if joined is not None:
+                    log(f"[sweep] every run joins the Ray cluster at {joined} (RAY_ADDRESS)")
+                elif shared_ray:
+                    t_ray = time.perf_counter()
+                    head = stack.enter_context(RayHead(env=flower_env(home)))
+                    env_extra["RAY_ADDRESS"] = head.address
+                    log(f"[sweep] one Ray for the whole sweep at {head.address} "
+                        f"(started in {time.perf_counter() - t_ray:.1f}s; --no-shared-ray: one per run)")
+                link = stack.enter_context(LocalSuperLink(home, port_range=port_range, env_extra=env_extra))
                 for i, (run_config, federation, identity) in enumerate(todo, 1):
                     name = run_config["run-name"]
                     t0 = time.perf_counter()
@@ -222,6 +246,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port-range", metavar="LO-HI",
                         help="take the SuperLink's port from LO-HI (shared hosts, firewalls); "
                              "Ray picks its own internal ports")
+    parser.add_argument("--no-shared-ray", action="store_true",
+                        help="let each run start (and stop) its own Ray, instead of one Ray head on 127.0.0.1 "
+                             "that every run of the sweep joins; with RAY_ADDRESS set, every run joins that "
+                             "cluster either way (docs/ray-cluster.md)")
     args = parser.parse_args(argv)
     try:
         port_range = parse_port_range(args.port_range)
@@ -241,8 +269,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         result = run_preset(preset, output_dir, timeout=args.timeout, port_range=port_range,
-                            view=ProgressView.for_terminal(every=args.progress_every))
-    except (PresetError, ConfigError, FileNotFoundError, PortRangeError) as err:
+                            view=ProgressView.for_terminal(every=args.progress_every), shared_ray=not args.no_shared_ray)
+    except (PresetError, ConfigError, FileNotFoundError, PortRangeError, RayClusterError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except OSError as err:  # e.g. a full disk: the path is in the message; finished runs are kept
