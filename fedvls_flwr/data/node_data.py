@@ -139,7 +139,7 @@ def partition_class_counts(cfg: RunConfig, num_partitions: int) -> dict[int, lis
     if cfg.dataset == "synthetic":
         bundle, parts = synthetic_dataset(cfg.synthetic_alpha, cfg.synthetic_beta, cfg.synthetic_clients, cfg.seed)
     else:
-        bundle, parts = dataset_for(cfg), list(partitions_for(cfg, num_partitions))
+        bundle, parts = dataset_for(cfg), tuple(partitions_for(cfg, num_partitions))
     labels = bundle.train_y.numpy()
     return {pid: [int(c) for c in class_counts(labels, idx, bundle.num_classes)] for pid, idx in enumerate(parts)}
 
