@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedvls_flwr.app.processes import die_with_parent, free_port, stop_process
+from fedvls_flwr.app.processes import descendants, die_with_parent, free_port, stop_process
 
 RAY_BIN = Path(sys.executable).parent / "ray"
 #: Federation settings (``flwr run --federation-config``) that become ``ray.init`` arguments
@@ -123,8 +123,6 @@ class RayNode:
 
     @property
     def pids(self) -> list[int]:
-        from fedvls_flwr.app.processes import descendants
-
         return [self.proc.pid, *descendants(self.proc.pid)]
 
     def stop(self) -> None:
@@ -174,18 +172,22 @@ def ray_start_command(
 def start_ray_node(
     *, address: str | None = None, num_cpus: float | None = None, num_gpus: float | None = None,
     resources: str | None = None, temp_dir: Path | None = None, log: Path | None = None,
-    env: dict[str, str] | None = None, taken: set[int] | None = None, workers: int = 16, timeout: float = 90.0,
+    env: dict[str, str] | None = None, taken: set[int] | None = None, workers: int | None = None,
+    timeout: float = 90.0,
 ) -> RayNode:
     """Start a Ray head (no ``address``) or a worker joining ``address``, on 127.0.0.1, and wait until
     it serves (the head: its GCS port answers; a worker: its raylet's port answers).
 
-    ``workers``: ports for this many Ray worker processes (actors and tasks) on the node.
+    ``workers``: ports for this many Ray worker processes (actors, tasks, drivers) on the node;
+    default: two per CPU of the node (``num_cpus``, else this machine's) plus 16.
     The head's address is ``127.0.0.1:<ports['port']>``.
     """
     head = address is None
     owns = temp_dir is None
     temp_dir = short_temp_dir() if temp_dir is None else Path(temp_dir)
     temp_dir.mkdir(parents=True, exist_ok=True)
+    if workers is None:
+        workers = 2 * int(num_cpus if num_cpus is not None else (os.cpu_count() or 1)) + 16
     ports = _node_ports(head, set() if taken is None else taken, workers)
     cmd = ray_start_command(head=head, ports=ports, temp_dir=temp_dir, num_cpus=num_cpus, num_gpus=num_gpus,
                             resources=resources, address=address)
