@@ -8,8 +8,11 @@ groups nor the PID tree alone would find them all.
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from fedvls_flwr.app.processes import is_running
@@ -57,3 +60,27 @@ def assert_none_left(pids, root: Path, timeout: float = 15.0) -> None:
     while (left := leftovers(pids, root)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not left, f"processes still running: {[cmdline(p) for p in left]}"
+
+
+def wait_for_saved_round(run_dir: Path, at_least: int, timeout: float = 300.0,
+                         explain: Callable[[], str] = lambda: "") -> int:
+    """Poll the run's state.json until round ``at_least`` is saved; the round saved then
+    (a test that kills the run mid-way waits here first). Fails the test after ``timeout`` s."""
+    import pytest
+
+    state = run_dir / "state.json"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if state.exists() and (saved := json.loads(state.read_text())["round"]) >= at_least:
+            return int(saved)
+        time.sleep(0.02)
+    pytest.fail(f"round {at_least} never finished\n{explain()}")
+
+
+def kill_now(pids: Iterable[int]) -> None:
+    """SIGKILL, no grace period: the processes die as a crashed machine's would."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -7,9 +7,6 @@ where every message runs in a fresh ClientApp process."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import time
 
 import numpy as np
 import pytest
@@ -17,7 +14,7 @@ import pytest
 from fedvls_flwr.app.launch import LocalSuperLink
 from fedvls_flwr.app.results import MODEL_FILE, load_arrays, read_rounds
 from fedvls_flwr.deploy.local import run_local
-from tests.processes import assert_none_left, leftovers, processes_with_home
+from tests.processes import assert_none_left, kill_now, leftovers, processes_with_home, wait_for_saved_round
 
 pytestmark = pytest.mark.e2e
 
@@ -71,25 +68,6 @@ def test_fedconcat_in_deployment_every_node_keeps_the_encoders(tmp_path):
     check(run_dir, 2)
 
 
-def _kill_after_round(run_dir, home, at_least: int) -> int:
-    """SIGKILL every process of the run (no grace: the fast rounds would finish otherwise) once
-    round ``at_least`` is saved; the round it had saved when it died."""
-    deadline = time.monotonic() + 300
-    state = run_dir / "state.json"
-    while time.monotonic() < deadline:
-        if state.exists() and json.loads(state.read_text())["round"] >= at_least:
-            break
-        time.sleep(0.02)
-    else:
-        pytest.fail(f"round {at_least} never finished")
-    for pid in processes_with_home(home):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return json.loads(state.read_text())["round"]
-
-
 def test_fedconcat_killed_in_either_stage_resumes_to_the_straight_runs_history(tmp_path):
     """Real processes, killed mid-stage 1 and mid-stage 2: the resumed runs' rounds.jsonl and
     final model equal an uninterrupted run's bit for bit (deterministic=true)."""
@@ -105,7 +83,10 @@ def test_fedconcat_killed_in_either_stage_resumes_to_the_straight_runs_history(t
         out = tmp_path / f"stage{stage}"
         with LocalSuperLink(tmp_path / f"home-{stage}a") as link:
             link.submit(run_config={**cfg, "output-dir": str(out)}, federation_config=federation)
-            killed_at = _kill_after_round(out / "r", tmp_path / f"home-{stage}a", kill_at)
+            wait_for_saved_round(out / "r", kill_at)
+            # no grace period: the fast rounds would finish the run otherwise
+            kill_now(processes_with_home(tmp_path / f"home-{stage}a"))
+            killed_at = json.loads((out / "r" / "state.json").read_text())["round"]
         assert (killed_at < 3) if stage == 1 else (3 < killed_at < 9), killed_at
         assert not (out / "r" / "summary.json").exists()
         with LocalSuperLink(tmp_path / f"home-{stage}b") as link:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +23,7 @@ from fedvls_flwr.app.launch import LocalSuperLink
 from fedvls_flwr.app.processes import free_port
 from fedvls_flwr.app.ray_cluster import RAY_BIN, RayNode, start_ray_node
 from fedvls_flwr.app.results import read_rounds
-from tests.processes import assert_none_left
+from tests.processes import assert_none_left, kill_now, wait_for_saved_round
 
 pytestmark = [
     pytest.mark.e2e,
@@ -114,22 +113,11 @@ def test_a_worker_node_killed_mid_run_loses_nothing_written_and_resume_continues
     run_dir = tmp_path / "r"
     with LocalSuperLink(tmp_path / "home-kill", env_extra={"RAY_ADDRESS": cluster.address}) as link:
         run_id = link.submit(run_config=cfg, federation_config=FEDERATION)
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            state = run_dir / "state.json"
-            if state.exists() and json.loads(state.read_text())["round"] >= 1:
-                break
-            time.sleep(0.05)
-        else:
-            pytest.fail("round 1 never finished:\n" + link.logs(run_id)[-3000:])
+        wait_for_saved_round(run_dir, 1, explain=lambda: link.logs(run_id)[-3000:])
         cluster.note_pids()
         killed_after = json.loads((run_dir / "state.json").read_text())["round"]
         before = read_rounds(run_dir)[: killed_after + 1]
-        for pid in cluster.worker.pids:  # the worker node dies as a machine would: no grace period
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_now(cluster.worker.pids)  # the worker node dies as a machine would
         outcome = link.wait(run_id, timeout=400)
         cluster.note_pids()
     rounds = read_rounds(run_dir)

@@ -4,17 +4,14 @@ that fails the run with a message naming the key, and an unknown key that Flower
 SuperLink refuses naming it only in its log."""
 
 import json
-import os
 import shutil
-import signal
-import time
 
 import pytest
 
 from fedvls_flwr.app.launch import PROJECT_DIR, LocalSuperLink
 from fedvls_flwr.app.results import read_rounds
 from tests.fault_injection import FAULT_ENV, fault_app
-from tests.processes import assert_none_left, processes_with_home
+from tests.processes import assert_none_left, kill_now, processes_with_home, wait_for_saved_round
 
 pytestmark = pytest.mark.e2e
 
@@ -43,22 +40,11 @@ def test_killed_server_resumes_with_every_round_once(tmp_path):
     run_dir = tmp_path / "resumed"
     with LocalSuperLink(tmp_path / "home1") as link:
         link.submit(run_config={**cfg, "resume": False}, federation_config=FEDERATION)
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            state = run_dir / "state.json"
-            if state.exists() and json.loads(state.read_text())["round"] >= 2:
-                break
-            time.sleep(0.05)
-        else:
-            pytest.fail("round 2 never finished")
+        wait_for_saved_round(run_dir, 2, timeout=240)
         # SIGKILL, no grace period: every process of this run (SuperLink, SuperExec, the
         # simulation with the ServerApp, Ray and its actors) dies mid-run. A graceful stop
         # would give the fast digits rounds time to finish the run before the kill.
-        for pid in processes_with_home(tmp_path / "home1"):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_now(processes_with_home(tmp_path / "home1"))
     killed_at = json.loads((run_dir / "state.json").read_text())["round"]
     assert killed_at < n and not (run_dir / "summary.json").exists()
 
