@@ -19,7 +19,8 @@ FEDERATION = {"num-supernodes": 3, "client-resources-num-cpus": 1}
 
 
 def metrics(run_dir):
-    return [(r["round"], r["accuracy"], r["loss"], r["per_class_accuracy"]) for r in read_rounds(run_dir)]
+    return [(r["round"], r["accuracy"], r["loss"], r["per_class_accuracy"], r.get("fedgf_c"), r.get("fedgf_divergence"))
+            for r in read_rounds(run_dir)]
 
 
 def test_fedgf_runs_four_rounds_with_fedavg_and_fedvls_objectives(tmp_path):
@@ -43,8 +44,13 @@ def test_fedgf_runs_four_rounds_with_fedavg_and_fedvls_objectives(tmp_path):
             assert 0.0 <= r["accuracy"] <= 1.0
     sam, fedgf = metrics(out / "sam"), metrics(out / "fedgf")
     # round 1 sends nothing besides the weights: FedGF is FedSAM; from round 2 w_g and c arrive
-    assert sam[:2] == fedgf[:2]
+    assert [a[:4] for a in sam[:2]] == [b[:4] for b in fedgf[:2]]
     assert all(a[1:3] != b[1:3] for a, b in zip(sam[2:], fedgf[2:]))
+    # each round's record: the c its clients used (0 in round 1) and the D its replies showed
+    records = read_rounds(out / "fedgf")
+    assert [r["fedgf_c"] for r in records[1:]] == [0.0, 0.3, 0.3, 0.3]
+    assert all(0.0 < r["fedgf_divergence"] < float("inf") for r in records[1:])
+    assert not any("fedgf_c" in r for r in read_rounds(out / "sam"))
     fedvls = read_rounds(out / "fedvls-fedgf")
     assert all(r["train"]["train-logit"] != 0.0 for r in fedvls[1:])  # FedVLS's own terms run under the FedGF step
     checkpoint = load_arrays(out / "fedgf" / CHECKPOINT_FILE)

@@ -238,7 +238,10 @@ def test_server_hand_check():
     assert not server.downlink(1, sent)  # round 1: nothing besides the weights
     server.observe(1, sent, new, replies)
     assert server.last_divergence == 2.0
+    assert server.report() == {"fedgf_c": 0.0, "fedgf_divergence": 2.0}  # round 1's clients ran FedSAM
     down = server.downlink(2, new)
+    server.observe(2, new, new, [Reply("a", dict(new), 1, {})])
+    assert server.report() == {"fedgf_c": 0.3, "fedgf_divergence": 0.0}  # the c round 2's clients used
     assert set(down.arrays) == {"w"} and down.arrays["w"].dtype == np.float32 and down.values == {"c": 0.3}
     step = down.arrays["w"].astype(np.float64) - new["w"]
     np.testing.assert_allclose(np.linalg.norm(step), 0.25, rtol=1e-6)

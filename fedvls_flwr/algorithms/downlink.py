@@ -69,6 +69,11 @@ class ServerCompanion:
     def observe(self, server_round: int, sent: ArrayDict, new_global: ArrayDict, replies: list[Reply]) -> None:
         """The round is over: ``sent`` was broadcast, ``new_global`` is the next global model."""
 
+    def report(self) -> dict[str, float]:
+        """Numbers for the round's rounds.jsonl record, read after ``observe``, so that a
+        user can follow the server side's state (FedGF's D and c) round by round."""
+        return {}
+
     def state(self) -> ArrayDict:
         """Arrays to checkpoint (empty when the companion keeps no state)."""
         return {}

@@ -113,7 +113,7 @@ class FedGFServer(ServerCompanion):
 
     Settings: ``fedgf-rho-g`` (rho_g), ``fedgf-c`` (the fixed c), ``fedgf-c-mode``
     (``fixed`` or ``adaptive``), ``fedgf-threshold`` (T_D) and ``fedgf-window`` (W).
-    ``last_divergence`` is the latest D, for reports.
+    ``last_divergence`` is the latest D; each round reports it with the c its clients used.
     """
 
     def __init__(self, params: Mapping[str, Any]) -> None:
@@ -126,11 +126,14 @@ class FedGFServer(ServerCompanion):
         self.perturbed: ArrayDict = {}  # w_g, in the model's dtypes (what is sent)
         self.window: list[int] = []  # the last W indicators [D > T_D]
         self.c = 0.0
+        self.sent_c = 0.0  # the c sent with this round's weights (0: the clients ran FedSAM)
         self.last_divergence = float("nan")
 
     def downlink(self, server_round: int, global_arrays: ArrayDict) -> Downlink:
         if not self.perturbed or self.c == 0.0:
+            self.sent_c = 0.0
             return Downlink()  # round 1, or nothing to mix: the clients run FedSAM
+        self.sent_c = self.c
         return Downlink(arrays=dict(self.perturbed), values={"c": self.c})
 
     def observe(self, server_round: int, sent: ArrayDict, new_global: ArrayDict, replies: list[Reply]) -> None:
@@ -150,6 +153,9 @@ class FedGFServer(ServerCompanion):
             self.c = sum(self.window) / len(self.window)
         else:
             self.c = self.fixed_c
+
+    def report(self) -> dict[str, float]:
+        return {"fedgf_c": self.sent_c, "fedgf_divergence": self.last_divergence}
 
     def state(self) -> ArrayDict:
         if not self.perturbed:

@@ -199,6 +199,7 @@ class ServerRun:
             "train": with_mean_vacant(report.train_metrics, report.clients, self.class_counts.of(report.clients)),
             "drift_diversity": report.drift_diversity,
             **({} if report.server_step_size is None else {"server_step_size": report.server_step_size}),
+            **report.server_parts,
             "clients_sampled": report.sampled,
             "sampled_partitions": sorted(
                 (self.strategy.partitions.get(n) for n in report.sampled_nodes), key=lambda p: (p is None, p or 0)

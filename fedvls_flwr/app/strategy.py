@@ -78,6 +78,7 @@ class RoundReport:
     num_examples: float = 0.0
     drift_diversity: float = float("nan")
     server_step_size: float | None = None  # FedExP's eta_g of the round
+    server_parts: dict[str, float] = field(default_factory=dict)  # the companions' report() (FedGF's D, c)
     attempts: int = 0
     seconds: float = 0.0
 
@@ -373,6 +374,7 @@ class CheckedFedAvg(NodeDirectory, FedAvg):
                     new_global = to_numpy_dict(new_arrays)
                     for companion in self.companions.values():
                         companion.observe(server_round, reference, new_global, self._accepted)
+                        self.report.server_parts.update(companion.report())
                 return new_arrays
             log(
                 WARNING, "round %d attempt %d: %d usable replies of %d sampled, %d needed (min-fit-fraction %.2f)",
