@@ -174,6 +174,8 @@ MUTATIONS: list[Mutation] = [
              "u = {k: new[k] - old[k] for k in keys}", GF),
     Mutation("fedgf-window-untrimmed", "new methods", "FedGF's adaptive c averages every round, not the last W",
              "fedvls_flwr/algorithms/fedgf.py", "            del self.window[: -self.window_size]\n", "", GF),
+    Mutation("fedgf-report-next-c", "new methods", "FedGF's round record names the next round's c, not the one its clients used",
+             "fedvls_flwr/algorithms/fedgf.py", 'return {"fedgf_c": self.sent_c,', 'return {"fedgf_c": self.c,', GF),
     Mutation("fedmr-biased-variance", "new methods", "FedMR standardises with the biased variance",
              "fedvls_flwr/algorithms/objectives/fedmr.py", "/ (counts - 1).clamp(min=1)", "/ counts.clamp(min=1)",
              ("tests/test_fedmr.py",)),
