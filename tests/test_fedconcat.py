@@ -74,6 +74,29 @@ def test_clustering_reads_label_distributions_not_counts():
     assert state["cluster0/w"] is not state["cluster1/w"] and not np.shares_memory(state["cluster0/w"], model["w"])
 
 
+def test_clustering_is_the_authors_kmeans_call():
+    """experiments.py: ``KMeans(n_clusters=K, init='k-means++', n_init=10, random_state=seed)``
+    on counts / n_i. The reference is that call written out here; the same clusters (up to
+    their numbering) as the app's, on sites where one k-means++ start (scikit-learn's default
+    'auto' since 1.4) would give other clusters."""
+    from sklearn.cluster import KMeans
+    from sklearn.metrics import adjusted_rand_score
+
+    rng = np.random.default_rng(0)
+    counts = np.stack([rng.multinomial(int(rng.integers(50, 500)), rng.dirichlet([0.3] * 10)) for _ in range(20)])
+    distributions = counts / counts.sum(axis=1, keepdims=True)
+    one_start_differs = False
+    for seed in range(4):
+        cfg = RunConfig(protocol="fedconcat", num_server_rounds=4, seed=seed, fedconcat_clusters=4)
+        state = build_protocol(cfg).initial_state(
+            {"w": np.zeros((2, 2), np.float32)}, {i: {"class-counts": c.tolist()} for i, c in enumerate(counts)})
+        ten = KMeans(n_clusters=4, init="k-means++", n_init=10, random_state=seed).fit(distributions).labels_
+        one = KMeans(n_clusters=4, init="k-means++", n_init=1, random_state=seed).fit(distributions).labels_
+        assert adjusted_rand_score(state[ASSIGNMENT], ten) == 1.0, f"seed {seed}"
+        one_start_differs |= adjusted_rand_score(one, ten) < 1.0
+    assert one_start_differs  # else this data could not tell 10 restarts from one
+
+
 def reply(node, arrays, n):
     return Reply(str(node), {k: np.asarray(v, np.float32) for k, v in arrays.items()}, float(n), {})
 
