@@ -91,10 +91,27 @@ def test_terms_sum_to_the_loss_and_deco_weights_the_term():
     assert loss.item() == pytest.approx((terms["ce"] + terms["deco"]).item(), rel=1e-6)
 
 
-def _train(method, **kw):
+@pytest.mark.parametrize("method, params", [("fedmr", {"fedmr-deco": 4.0}), ("feddecorr", {})])
+def test_under_mixed_precision_the_feature_term_stays_in_float32(method, params):
+    """With ``amp`` the model runs under bfloat16 autocast; the loss must not (the authors
+    compute their terms in float32): the model's bfloat16 outputs give the same loss as in
+    float32 (autocast would put the Gram matrices' products in bfloat16: about 1e-3 off).
+    CPU autocast stands in for CUDA's here: both cast matrix products to bfloat16."""
+    torch.manual_seed(2)
+    logits = torch.randn(64, 10).bfloat16()
+    feats, y = (torch.rand(64, 200) * 3).bfloat16(), torch.randint(0, 3, (64,))
+    obj = build_objective(method, torch.bincount(y, minlength=10), params)
+    exact, _ = obj.loss_terms(logits.float(), y, None, feats.float())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed, _ = obj.loss_terms(logits, y, None, feats)
+    assert mixed.dtype == torch.float32
+    assert mixed.item() == pytest.approx(exact.item(), rel=1e-5)
+
+
+def _train(method, data_seed=3, **kw):
     torch.manual_seed(0)
     model = build_model("mlp", (1, 8, 8), 10)
-    g = torch.Generator().manual_seed(3)
+    g = torch.Generator().manual_seed(data_seed)
     x, y = torch.randn(90, 1, 8, 8, generator=g), torch.randint(0, 4, (90,), generator=g)
     cfg = RunConfig(method=method, local_epochs=2, batch_size=16, augment=False, **kw)
     train_local(model, ClientData(x, y, 10, None, None), cfg, device=torch.device("cpu"),
@@ -111,7 +128,8 @@ def test_deco_zero_is_fedavg_bit_for_bit_and_deco_four_is_not():
 
 
 def test_one_server_step_is_sample_weighted_fedavg():
-    a, b = _train("fedmr"), _train("fedmr", seed=1)
+    a, b = _train("fedmr"), _train("fedmr", data_seed=4)  # two sites with different data
+    assert not all(torch.equal(a[k], b[k]) for k in a)  # else any weighting passes
     replies = [Reply("1", {k: v.numpy() for k, v in a.items()}, 30.0, {}),
                Reply("2", {k: v.numpy() for k, v in b.items()}, 90.0, {})]
     out = weighted_average(replies, {k: v.numpy() for k, v in a.items()})

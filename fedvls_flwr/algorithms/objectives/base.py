@@ -164,7 +164,16 @@ class Objective:
         """The hot path: ``(loss, terms)``, ``terms`` a detached (K,) tensor in
         ``term_names`` order. ``teacher``: rows of :meth:`prepare_teacher` for this batch;
         ``features``: what :attr:`features` names, for this batch.
-        No input validation (see :meth:`__call__`)."""
+        No input validation (see :meth:`__call__`).
+
+        Under mixed precision (``amp``) only the model runs in bfloat16: the loss is computed
+        in float32 with autocast off, so the feature terms' matrix products (FedMR's Gram
+        matrices, FedDecorr's correlations) keep the precision their authors computed in."""
+        device_type = logits.device.type
+        if torch.is_autocast_enabled(device_type):
+            with torch.autocast(device_type, enabled=False):
+                return self.loss_terms(as_float(logits), targets, teacher,
+                                       None if features is None else as_float(features))
         if features is None:
             terms = self._compute(as_float(logits), targets, teacher)
         else:
