@@ -7,9 +7,9 @@ GPU is not synchronised every step.
 GPU path: the client's data are copied to the GPU once per round (from pinned memory,
 non-blocking), augmentation runs there on whole batches (:mod:`fedvls_flwr.data.augment`),
 the teacher's forward pass runs under ``torch.no_grad``, and with ``amp = true`` the
-forward passes and the objective run under ``torch.autocast`` with bfloat16 (bfloat16
-has float32's exponent range, so no GradScaler is needed; the objectives upcast half
-logits to float32). On a CPU device ``amp`` is ignored (logged once per process) and
+forward passes run under ``torch.autocast`` with bfloat16 (bfloat16 has float32's
+exponent range, so no GradScaler is needed; the objective turns autocast off and computes
+in float32 from upcast logits and features). On a CPU device ``amp`` is ignored (logged once per process) and
 the loop is plain float32.
 """
 
