@@ -6,6 +6,7 @@ where every message runs in a fresh ClientApp process."""
 
 from __future__ import annotations
 
+import csv
 import json
 
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 from fedvls_flwr.app.launch import LocalSuperLink
 from fedvls_flwr.app.results import MODEL_FILE, load_arrays, read_rounds
 from fedvls_flwr.deploy.local import run_local
+from fedvls_flwr.experiments.report import make_report
 from tests.processes import assert_none_left, kill_now, leftovers, processes_with_home, wait_for_saved_round
 
 pytestmark = pytest.mark.e2e
@@ -54,6 +56,14 @@ def test_fedconcat_four_rounds_in_simulation_plain_and_with_fedvls(tmp_path):
         rounds = check(out / name, 4, k=4 if name.endswith("k4") else 2)
         if name == "fedconcat-fedvls":  # stage 1 trains with FedVLS's terms, stage 2 the head's CE
             assert "train-cal" in rounds[1]["train"] and "train-head-ce" in rounds[3]["train"]
+    # the report puts both stages' rounds and seconds beside each FedConcat cell
+    stages = list(csv.DictReader(make_report(out, tmp_path / "report")["stages_csv"].open()))
+    assert sorted((r["method"], r["stage"], r["rounds_mean"]) for r in stages) == sorted(
+        (label, stage, "2.0") for label in ("FedConcat K=2", "FedVLS + FedConcat K=2", "FedConcat K=4")
+        for stage in ("1", "2"))
+    assert all(float(r["seconds_mean"]) > 0 for r in stages)
+    assert all(r["end_accuracy_mean"] == "" for r in stages if r["stage"] == "1")
+    assert all(0 <= float(r["end_accuracy_mean"]) <= 100 for r in stages if r["stage"] == "2")
 
 
 def test_fedconcat_in_deployment_every_node_keeps_the_encoders(tmp_path):

@@ -308,6 +308,44 @@ def test_no_diagnostics_table_without_drift_records(tmp_path):
     assert write_diagnostics(table(runs), runs, tmp_path / "report") is None
 
 
+def test_stages_table_gives_each_stages_rounds_seconds_and_accuracy(tmp_path):
+    """FedConcat's runs: stage 1 (2 rounds, nothing to test), stage 2 (3 rounds); per stage the
+    rounds, the summed seconds and the accuracy at the stage's end and at its best, then mean ±
+    sample std over the seeds; a run without stages (FedAvg's cell) gets no line."""
+    runs_dir = tmp_path / "runs"
+    for seed, (seconds, end) in enumerate([(1.0, 0.80), (3.0, 0.90)]):
+        run = _write_run(runs_dir / f"concat-{seed}", _config("fedavg", seed, protocol="fedconcat"), 0.9, end)
+        records = [{"round": 0, "stage": 1, "accuracy": None, "seconds": 0.0}]
+        records += [{"round": r, "stage": 1, "accuracy": None, "seconds": seconds} for r in (1, 2)]
+        records += [{"round": r, "stage": 2, "accuracy": a, "seconds": 2 * seconds}
+                    for r, a in ((3, 0.5), (4, end + 0.05), (5, end))]
+        (run / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    _write_run(runs_dir / "fedavg-0", _config("fedavg", 0), 0.9, 0.8)
+    runs = load_runs(runs_dir)
+    written = make_report(runs_dir, tmp_path / "report", rows=("dataset",), cols=("method",))
+    rows = list(csv.DictReader(written["stages_csv"].open()))
+    assert [(r["stage"], r["n"]) for r in rows] == [("1", "2"), ("2", "2")]
+    one, two = rows
+    assert float(one["rounds_mean"]) == 2 and float(one["rounds_std"]) == 0
+    assert float(one["seconds_mean"]) == pytest.approx(4.0) and float(one["seconds_std"]) == pytest.approx(math.sqrt(8))
+    assert one["end_accuracy_mean"] == "" and one["best_accuracy_mean"] == ""  # K cluster models: nothing tested
+    assert float(two["rounds_mean"]) == 3 and float(two["seconds_mean"]) == pytest.approx(12.0)
+    assert float(two["seconds_std"]) == pytest.approx(_sample_std([6.0, 18.0]))
+    assert float(two["end_accuracy_mean"]) == pytest.approx(85.0)
+    assert float(two["end_accuracy_std"]) == pytest.approx(_sample_std([80.0, 90.0]))
+    assert float(two["best_accuracy_mean"]) == pytest.approx(90.0)
+    text = written["stages_md"].read_text()
+    assert "| mnist10k | FedConcat K=2 | 1 | 2 | 2 | 4.0 ± 2.8 | n/a | n/a |" in text
+    assert "| mnist10k | FedConcat K=2 | 2 | 2 | 3 | 12.0 ± 8.5 | 85.00 ± 7.07 | 90.00 ± 7.07 |" in text
+    assert "| FedAvg |" not in text  # FedAvg's run has no stages
+    assert len(runs) == 3
+
+
+def test_no_stages_table_without_staged_runs(tmp_path):
+    _write_run(tmp_path / "runs" / "a", _config("fedavg", 0), 0.9, 0.8)
+    assert "stages_md" not in make_report(tmp_path / "runs", tmp_path / "report")
+
+
 def test_partial_partition_of_a_stopped_run_is_not_drawn_again(tmp_path):
     """A run that stopped early recorded only the clients it heard from: the whole
     partition of another run of the same seed is drawn, the part is not."""

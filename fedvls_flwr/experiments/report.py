@@ -3,7 +3,8 @@
 
 * a results table (Markdown + CSV, :mod:`fedvls_flwr.experiments.tables`): mean ± sample std over
   seeds of the best-over-rounds and of the final-round top-1 accuracy, one cell per
-  (rows x cols) config combination, and the diagnostics table;
+  (rows x cols) config combination, the diagnostics table and, for a protocol in stages
+  (FedConcat), the stages table (:mod:`fedvls_flwr.experiments.stages_table`);
 * figures (:mod:`fedvls_flwr.experiments.plots`): accuracy per round, the partition heatmap,
   final-round per-class accuracy.
 
@@ -43,6 +44,7 @@ from fedvls_flwr.experiments.runs import (
     load_runs,
     method_label,
 )
+from fedvls_flwr.experiments.stages_table import write_stages
 from fedvls_flwr.experiments.tables import paired_gaps, table, write_gaps, write_table
 
 __all__ = [
@@ -80,7 +82,8 @@ def make_report(
 
     Output (default ``<root>/report``): results.md/.csv; per table row (dataset x
     partition ...): ``accuracy-<row>.png`` and ``per-class-<row>.png``; one
-    ``partition-<row>-s<seed>.png`` per distinct recorded partition. Returns name -> path;
+    ``partition-<row>-s<seed>.png`` per distinct recorded partition; diagnostics.md and
+    stages.md (/.csv) where runs recorded them. Returns name -> path;
     ``left_out`` (a list) receives the run folders not tabulated, each with why.
 
     Raises :class:`NoRunsError` (nothing written) when a root does not exist, no run folder
@@ -109,6 +112,8 @@ def make_report(
     written["table_md"], written["table_csv"] = write_table(report_table, out_dir)
     if (diag := write_diagnostics(report_table, runs, out_dir)) is not None:
         written["diagnostics_md"], written["diagnostics_csv"] = diag
+    if (staged := write_stages(report_table, runs, out_dir)) is not None:
+        written["stages_md"], written["stages_csv"] = staged
     if gaps and (found := paired_gaps(report_table, gaps)):
         written["gaps_md"], written["gaps_csv"] = write_gaps(report_table, found, out_dir)
         if all(isinstance(g.row[-1], (int, float)) for g in found):
