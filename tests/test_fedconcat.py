@@ -296,6 +296,30 @@ def test_resumed_in_either_stage_equals_a_straight_run(tmp_path, stop_at):
     assert summary["stages"]["1"]["rounds"] == 2 and summary["stages"]["2"]["rounds"] == 3
 
 
+def test_a_run_resumed_with_other_num_server_rounds_keeps_its_stage_boundary(tmp_path):
+    """num-server-rounds may change on resume; FedConcat's stage 1 keeps the length it started
+    with (the 1 : 20 split of 21 rounds is 1, of 42 it would be 2): the extra rounds are head
+    rounds, and the history up to the stop (after round 1, where the two splits differ) equals a
+    straight 21-round run's. Fewer rounds than stage 1 has are refused with the fix."""
+    split = dict(fedconcat_encoder_rounds=0, num_server_rounds=21)
+    straight = run_experiment(ConcatGrid(), concat_config(tmp_path / "a", **split))
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(ConcatGrid(stop_at=2), concat_config(tmp_path / "b", **split))
+    resumed = run_experiment(ConcatGrid(), concat_config(tmp_path / "b", resume=True, fedconcat_encoder_rounds=0,
+                                                         num_server_rounds=42))
+    stages = [h[1] for h in history(resumed)]
+    assert stages == [1, 1] + [2] * 41  # round 0, round 1 (stage 1), rounds 2-42 (stage 2)
+    assert history(resumed)[:2] == history(straight)[:2]
+    summary = json.loads((resumed / "summary.json").read_text())
+    assert (summary["stages"]["1"]["rounds"], summary["stages"]["2"]["rounds"]) == (1, 41)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(ConcatGrid(stop_at=3), concat_config(tmp_path / "c", fedconcat_encoder_rounds=2))
+    with pytest.raises(ConfigError, match=r"stage 1 has 2 rounds .* num-server-rounds = 2 leaves no round for "
+                                          r"stage 2; resume with num-server-rounds > 2"):
+        run_experiment(ConcatGrid(), concat_config(tmp_path / "c", resume=True, fedconcat_encoder_rounds=2,
+                                                   num_server_rounds=2))
+
+
 def test_tables_tell_the_cluster_counts_apart():
     from fedvls_flwr.config.registry import combination_label
     assert combination_label({"method": "fedavg", "protocol": "fedconcat", "fedconcat-clusters": 4}) == "FedConcat K=4"

@@ -21,7 +21,8 @@ A protocol in stages (docs/methods.md, "FedConcat"):
    late, or lost its state, gets them with its next message.
 
 State (one flat dict of arrays): ``fedconcat/assignment`` (cluster per partition id, -1 for
-unknown), ``cluster<k>/<model key>`` in stage 1; ``encoder<k>/<model key>`` and
+unknown), ``fedconcat/encoder-rounds`` (E, fixed when the run starts: a run resumed with
+another ``num-server-rounds`` keeps its stage boundary), ``cluster<k>/<model key>`` in stage 1; ``encoder<k>/<model key>`` and
 ``head/weight``, ``head/bias`` from the end of round E on.
 
 Differences from the authors' code, on purpose: every cluster starts from a deep copy of
@@ -45,11 +46,13 @@ from torch import nn
 from fedvls_flwr.algorithms.aggregation import ArrayDict, Reply, weighted_average
 from fedvls_flwr.algorithms.rounds import Assignment, RoundProtocol
 from fedvls_flwr.algorithms.sgd import LocalSGD
+from fedvls_flwr.config.settings import ConfigError
 from fedvls_flwr.models import FeatureTap, classifier_of
 
 __all__ = ["FedConcat", "ConcatModel", "cluster_sites", "encoder_rounds", "parse_assignment"]
 
 ASSIGNMENT = "fedconcat/assignment"
+ENCODER_ROUNDS = "fedconcat/encoder-rounds"
 HEAD_WEIGHT, HEAD_BIAS = "head/weight", "head/bias"
 STAGE = "fedconcat-stage"  # message config: 1 or 2
 CLUSTER = "fedconcat-cluster"  # message config (stage 1): the node's cluster
@@ -178,10 +181,23 @@ class FedConcat(RoundProtocol):
             labels = cluster_sites(distributions, self.clusters, self.cfg.seed)
             assignment = np.full(max(partitions) + 1, -1, np.int64)
             assignment[partitions] = labels
-        state: ArrayDict = {ASSIGNMENT: assignment}
+        state: ArrayDict = {ASSIGNMENT: assignment, ENCODER_ROUNDS: np.asarray([self.encoder_rounds], np.int64)}
         for k in range(self.clusters):  # every cluster starts from (a copy of) the same weights
             state.update(_prefixed(f"cluster{k}/", {name: v.copy() for name, v in model_arrays.items()}))
         return state
+
+    def restore(self, state: ArrayDict) -> None:
+        """Stage 1 keeps the length it had when the run started: ``num-server-rounds`` may change
+        on resume (more or fewer head rounds), the boundary may not."""
+        if ENCODER_ROUNDS not in state:
+            return  # a checkpoint written before the boundary was saved: the setting's split
+        saved = int(np.asarray(state[ENCODER_ROUNDS]).reshape(-1)[0])
+        if self.cfg.num_server_rounds <= saved:
+            raise ConfigError(
+                f"resume: this FedConcat run's stage 1 has {saved} rounds (fixed when it started), so "
+                f"num-server-rounds = {self.cfg.num_server_rounds} leaves no round for stage 2; resume with "
+                f"num-server-rounds > {saved}")
+        self.encoder_rounds = saved
 
     def cluster_of(self, state: ArrayDict, partition: int | None) -> int | None:
         assignment = state[ASSIGNMENT]
@@ -231,7 +247,7 @@ class FedConcat(RoundProtocol):
         (seeded, so a resumed run draws the same one)."""
         if self._model is None:
             raise RuntimeError("FedConcat needs the run's model (bind_model) before stage 2")
-        out: ArrayDict = {ASSIGNMENT: state[ASSIGNMENT]}
+        out: ArrayDict = {k: state[k] for k in (ASSIGNMENT, ENCODER_ROUNDS) if k in state}
         for k in range(self.clusters):
             out.update(_prefixed(f"encoder{k}/", _unprefixed(f"cluster{k}/", state)))
         classifier = classifier_of(self._model)

@@ -92,6 +92,10 @@ class RoundProtocol:
     def bind_model(self, model: nn.Module) -> None:
         """The run's architecture, on the server (a protocol that builds new layers reads it)."""
 
+    def restore(self, state: ArrayDict) -> None:
+        """A resumed run's saved state, before its first round: a protocol that fixed something
+        when the run started (FedConcat's stage boundary) reads it back here."""
+
     def forget_node(self, node: int) -> None:
         """``node`` failed this round (a protocol that sends something once sends it again)."""
 

@@ -317,7 +317,9 @@ class CheckedFedAvg(NodeDirectory, FedAvg):
         for name, companion in self.companions.items():
             prefix = f"{COMPANION_STATE_PREFIX}{name}/"
             companion.load_state({k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)})
-        return {k: v for k, v in arrays.items() if not k.startswith((SERVER_STATE_PREFIX, COMPANION_STATE_PREFIX))}
+        state = {k: v for k, v in arrays.items() if not k.startswith((SERVER_STATE_PREFIX, COMPANION_STATE_PREFIX))}
+        self.protocol.restore(state)
+        return state
 
     # ---- federated evaluation ------------------------------------------------
     def evaluate_federated(self, grid: Grid, arrays: ArrayRecord, server_round: int) -> dict:
