@@ -75,10 +75,11 @@ def test_clustering_reads_label_distributions_not_counts():
 
 
 def test_clustering_is_the_authors_kmeans_call():
-    """experiments.py: ``KMeans(n_clusters=K, init='k-means++', n_init=10, random_state=seed)``
-    on counts / n_i. The reference is that call written out here; the same clusters (up to
-    their numbering) as the app's, on sites where one k-means++ start (scikit-learn's default
-    'auto' since 1.4) would give other clusters."""
+    """experiments.py calls ``KMeans(n_clusters=K)`` on counts / n_i, whose defaults when it was
+    written were k-means++ with 10 restarts (unseeded); the app seeds it. The reference is
+    ``KMeans(n_clusters=K, init='k-means++', n_init=10, random_state=seed)`` written out here:
+    the same clusters (up to their numbering) as the app's, on sites where one k-means++ start
+    (scikit-learn's default 'auto' since 1.4) would give other clusters."""
     from sklearn.cluster import KMeans
     from sklearn.metrics import adjusted_rand_score
 
@@ -215,10 +216,34 @@ def test_a_node_without_its_encoders_says_so():
     ({"fedconcat-assignment": "0;1"}, "comma-separated"),
     ({"fedconcat-clusters": 0}, "fedconcat-clusters"),
     ({"local-optimizer": "fedgf"}, "local-optimizer 'fedgf'"),
+    ({"fedconcat-assignment": "0,0,0,0"}, r"no partition in cluster\(s\) \[1\] .* lower fedconcat-clusters"),
+    ({"fedconcat-clusters": 3, "fedconcat-assignment": "0,2,0,2"}, r"cluster\(s\) \[1\]"),
+    ({"model": "logreg"}, "model 'logreg' has none"),
+    ({"dataset": "synthetic"}, "model 'logreg' has none"),  # synthetic's auto model
 ])
 def test_run_config_rules(changes, match):
     with pytest.raises(ConfigError, match=match):
         parse_run_config({"protocol": "fedconcat", **changes})
+
+
+@pytest.mark.parametrize("changes, nodes, match", [
+    ({"fedconcat-clusters": 8}, 4, "needs at least 8 sites for K-means, and the federation has 4 node"),
+    ({"fedconcat-assignment": "0,1"}, 4, r"clusters of 2 partition\(s\), and the federation has 4 node"),
+    ({"fedconcat-assignment": "0,1,0,1,0,1"}, 4, r"clusters of 6 partition\(s\).* \(4 numbers\)"),
+    ({"fedconcat-clusters": 8, "fedconcat-assignment": "0,1,2,3,4,5,6,7"}, 8, None),  # as many sites as clusters
+    ({"fedconcat-clusters": 4}, 4, None),
+])
+def test_federation_rules(changes, nodes, match):
+    """What FedConcat needs of the number of nodes, said by ``fedvls check --num-supernodes``
+    (and a sweep's federation) before anything runs."""
+    from fedvls_flwr.experiments.check import check_run_config
+
+    config = {"protocol": "fedconcat", "num-server-rounds": 4, **changes}
+    if match is None:
+        check_run_config(config, num_supernodes=nodes, data=False)
+    else:
+        with pytest.raises(ConfigError, match=match):
+            check_run_config(config, num_supernodes=nodes, data=False)
 
 
 # ---- the whole server: K = 1 is FedAvg, resume in either stage equals a straight run ----------

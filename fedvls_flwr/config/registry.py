@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fedvls_flwr.config.protocol_rules import fedconcat_federation_rules, fedconcat_rules
 from fedvls_flwr.config.settings import Setting, at_least, between, greater
 
 # --------------------------------------------------------------------------- settings
@@ -137,31 +138,6 @@ FEDCONCAT_ASSIGNMENT = Setting(
 )
 
 
-def _fedconcat_rules(values: Mapping[str, Any]) -> str | None:
-    """What FedConcat needs of the rest of the run config."""
-    rounds, k = int(values["num-server-rounds"]), int(values["fedconcat-clusters"])
-    encoder_rounds = int(values["fedconcat-encoder-rounds"])
-    if rounds < 2:
-        return ("protocol 'fedconcat' has two stages of at least one round each: set num-server-rounds >= 2 "
-                "(the authors' split is 50 + 1000)")
-    if encoder_rounds >= rounds:
-        return (f"fedconcat-encoder-rounds = {encoder_rounds} leaves no round for stage 2 of num-server-rounds = "
-                f"{rounds}: make it smaller than num-server-rounds, or 0 for the 1 : 20 split")
-    if values["server-optimizer"] != "fedavg":
-        return (f"protocol 'fedconcat' averages K cluster models and then a head: it does not combine with "
-                f"server-optimizer '{values['server-optimizer']}'; use server-optimizer='fedavg'")
-    if values["evaluation"] == "federated":
-        return "protocol 'fedconcat' is evaluated on the server's test set: use evaluation='server' or 'auto'"
-    with_server = [f"{kind} '{part.name}'" for kind, part in run_parts(values).items() if part.server is not None]
-    if with_server:
-        return (f"protocol 'fedconcat' keeps K models, so {with_server[0]} (whose server state follows one global "
-                "model) does not combine with it; use local-optimizer='sgd' or 'sam'")
-    text = str(values["fedconcat-assignment"]).replace(" ", "")
-    if text and (bad := sorted({int(v) for v in text.split(",") if int(v) >= k})):
-        return (f"fedconcat-assignment names cluster(s) {bad}, but fedconcat-clusters = {k} numbers them 0..{k - 1}")
-    return None
-
-
 def _adaptive(name: str, eta: float, beta1: bool = True) -> tuple[Setting, ...]:
     """eta, (beta1, beta2,) tau of Flower's adaptive server optimizers, at Flower's defaults."""
     out = [Setting(f"{name}-eta", eta, f"{name} server learning rate eta (Flower's default)", **greater(0))]
@@ -214,6 +190,10 @@ class Part:
     rules
         What the part needs of the rest of a run config: a message saying what is wrong and
         how to fix it, or None (checked with every run config, before anything runs).
+    federation_rules
+        What the part needs of the federation's size (the number of nodes, one partition
+        each): a message or None; checked where the size is known (``fedvls check
+        --num-supernodes``, a sweep's federation, the deploy tools), before anything runs.
 
     What a method needs of the training loop (a teacher, features, a projection head, state
     kept between rounds) is said once, by its implementation class (the hooks of
@@ -228,6 +208,7 @@ class Part:
     server: str | None = None
     sends: str = ""
     rules: Callable[[Mapping[str, Any]], str | None] | None = None
+    federation_rules: Callable[[Mapping[str, Any], int], str | None] | None = None
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.shares) - set(SITE_STATISTICS))
@@ -320,7 +301,7 @@ PROTOCOLS: tuple[Part, ...] = (
     Part("standard", "Standard", f"{_ROUNDS}:StandardRounds"),
     Part("fedconcat", "FedConcat", "fedvls_flwr.algorithms.fedconcat:FedConcat",
          (FEDCONCAT_CLUSTERS, FEDCONCAT_ENCODER_ROUNDS, FEDCONCAT_HEAD_STEPS, FEDCONCAT_HEAD_INIT, FEDCONCAT_ASSIGNMENT),
-         shares=("class-counts",), rules=_fedconcat_rules,
+         shares=("class-counts",), rules=fedconcat_rules, federation_rules=fedconcat_federation_rules,
          sends="stage 1: the site's cluster model instead of one global model; stage 2: the K frozen encoders, "
                "once per node, then the head each round"),
 )

@@ -36,6 +36,7 @@ from fedvls_flwr.app.federation import clients_per_round
 from fedvls_flwr.app.ray_cluster import check_cluster_settings
 from fedvls_flwr.app.tracking import check_tracking
 from fedvls_flwr.config.args import parse_run_config_args
+from fedvls_flwr.config.registry import run_parts
 from fedvls_flwr.config.run_config import ConfigError, RunConfig, model_name, parse_run_config
 
 if TYPE_CHECKING:
@@ -135,13 +136,18 @@ TYPICAL_MAX_NODES = 100
 
 def check_federation(cfg: RunConfig, num_supernodes: int) -> None:
     """A run on ``num_supernodes`` nodes can start: ``min-nodes`` is waited for before the
-    first round, and more than the federation has never come."""
+    first round, and more than the federation has never come; and every part of the run
+    gets what it needs of the federation's size (``Part.federation_rules``)."""
     if cfg.min_nodes > num_supernodes:
         raise ConfigError(
             f"run config 'min-nodes' = {cfg.min_nodes} but the federation has {num_supernodes} SuperNode(s) "
             f"(num-supernodes): the first round would never start; lower min-nodes to at most "
             f"{num_supernodes}, or use {cfg.min_nodes} nodes or more"
         )
+    values = cfg.to_flower()
+    for part in run_parts(values).values():
+        if part.federation_rules is not None and (problem := part.federation_rules(values, num_supernodes)):
+            raise ConfigError(problem)
 
 
 def warnings_for(cfg: RunConfig, num_supernodes: int | None, pool_size: int | None) -> list[str]:

@@ -1,0 +1,146 @@
+"""What the input cases of docs/reliability.md prepare in their fresh folder before the
+command runs (``Case.setup``): files with a defect, damaged run folders made by the real
+server code on a fake Grid, presets, node-local image folders. See scripts/reliability_cases.py."""
+
+from __future__ import annotations
+
+import gzip
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+DIGITS = ",".join(str(i) for i in range(10))
+
+
+def write_file(name: str, text: str) -> Callable[[Path], None]:
+    def setup(tmp: Path) -> None:
+        (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / name).write_text(text)
+    return setup
+
+
+def preset(text: str, name: str) -> Callable[[Path], None]:
+    return write_file(f"presets/{name}.yaml", text)
+
+
+GOOD_PRESET = "name: p\nbase: {dataset: digits, num-server-rounds: 2}\ngrid: {method: [fedavg]}\n"
+
+
+def write_idx(path: Path, array: np.ndarray, magic: int) -> None:
+    header = magic.to_bytes(4, "big") + b"".join(d.to_bytes(4, "big") for d in array.shape)
+    with gzip.open(path, "wb") as handle:
+        handle.write(header + array.astype(np.uint8).tobytes())
+
+
+def bad_label_mnist(tmp: Path) -> None:
+    raw = tmp / "badlabel" / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    labels = np.repeat(np.arange(10), 250)
+    labels[7] = 12
+    write_idx(raw / "t10k-images-idx3-ubyte.gz", np.random.default_rng(0).integers(0, 256, (labels.size, 28, 28)), 2051)
+    write_idx(raw / "t10k-labels-idx1-ubyte.gz", labels, 2049)
+
+
+def run_folder(name: str, rounds: int, damage: Callable[[Path], None] | None = None,
+               finished: bool = False) -> Callable[[Path], None]:
+    """A digits run of 4 rounds stopped after ``rounds`` (as a killed server leaves it), made by
+    the real server code on a fake Grid (tests/test_resume.py), then ``damage``d."""
+    def setup(tmp: Path) -> None:
+        from flwr.supercore.task_identity import TaskIdentity
+
+        from fedvls_flwr.app.server import run_experiment
+        from fedvls_flwr.config.run_config import RunConfig
+        from tests.test_resume import TrainingGrid
+
+        old = TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1  # messages need one
+        cfg = RunConfig(dataset="digits", num_server_rounds=4 if finished else rounds,
+                        output_dir=str(tmp / "runs"), run_name=name)
+        try:
+            run_dir = run_experiment(TrainingGrid(), cfg)
+        finally:
+            TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = old
+        if not finished:
+            (run_dir / "summary.json").unlink()
+            (run_dir / "model_final.npz").unlink()
+        if damage is not None:
+            damage(run_dir)
+    return setup
+
+
+def tear_line(covered: bool) -> Callable[[Path], None]:
+    def damage(run_dir: Path) -> None:
+        text = (run_dir / "rounds.jsonl").read_text()
+        if covered:
+            (run_dir / "rounds.jsonl").write_text(text[: len(text) - 40])
+        else:
+            (run_dir / "rounds.jsonl").write_text(text + '{"round": 3, "accur')
+    return damage
+
+
+def truncate_checkpoint(run_dir: Path) -> None:
+    data = (run_dir / "checkpoint.npz").read_bytes()
+    (run_dir / "checkpoint.npz").write_bytes(data[: len(data) // 2])
+
+
+def moved(tmp: Path) -> None:
+    run_folder("ok", 2)(tmp / "old")
+    (tmp / "new").mkdir()
+    os.rename(tmp / "old" / "runs" / "ok", tmp / "new" / "ok")
+
+
+def runs_for_report(tmp: Path) -> None:
+    """A run still going (no summary.json) and a failed one."""
+    going = tmp / "runs" / "going"
+    going.mkdir(parents=True)
+    (going / "rounds.jsonl").write_text('{"round": 0, "accuracy": 0.1}\n')
+    failed = tmp / "runs" / "failed"
+    failed.mkdir()
+    (failed / "rounds.jsonl").write_text('{"round": 0, "accuracy": 0.1}\n{"round": 1, "accuracy": 0.2}\n')
+    (failed / "summary.json").write_text('{"status": "failed", "config": {"method": "fedavg", '
+                                         '"dataset": "digits", "num-server-rounds": 4}}')
+
+
+def digit_folder(root: Path, classes: list[int], per_class: int = 3, size: tuple[int, int] | None = None) -> None:
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    for c in classes:
+        (root / str(c)).mkdir(parents=True, exist_ok=True)
+        for k, i in enumerate(np.flatnonzero(y == c)[:per_class]):
+            img = Image.fromarray(np.rint(x[i].reshape(8, 8) * 255 / 16).astype(np.uint8), mode="L")
+            (img.resize(size, Image.Resampling.NEAREST) if size else img).save(root / str(c) / f"{k:04d}.png")
+
+
+def node_folders(kind: str) -> Callable[[Path], None]:
+    """Two sites: ``good`` (classes 0-4) and ``bad``, whose folder has the problem ``kind``."""
+    def setup(tmp: Path) -> None:
+        digit_folder(tmp / "good", [0, 1, 2, 3, 4])
+        bad = tmp / "bad"
+        if kind == "one-class":
+            digit_folder(bad, [7], per_class=6)
+        elif kind == "other-files":
+            digit_folder(bad, [5, 6])
+            (bad / "5" / "notes.txt").write_text("taken on monday")
+            (bad / "README.md").write_text("site b")
+        elif kind == "other-size":
+            digit_folder(bad, [5, 6], size=(50, 40))
+        elif kind == "stray-class":
+            digit_folder(bad, [5, 6])
+            (bad / "ten").mkdir()
+        elif kind == "dangling":
+            digit_folder(bad, [5, 6])
+            (bad / "5" / "gone.png").symlink_to(tmp / "nowhere.png")
+        elif kind == "loop":
+            digit_folder(bad, [5, 6])
+            (bad / "5" / "again").symlink_to(bad / "5")
+        elif kind == "not-an-image":
+            digit_folder(bad, [5, 6])
+            (bad / "6" / "scan.png").write_bytes(b"this is not a png")
+        elif kind == "dir-as-file":
+            digit_folder(bad, [5, 6])
+            (bad / "6" / "x.png").mkdir()
+    return setup
