@@ -8,6 +8,7 @@ run bit for bit; the run config's rules."""
 from __future__ import annotations
 
 import json
+import math
 import time
 
 import numpy as np
@@ -32,7 +33,7 @@ from fedvls_flwr.app.protocol import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, PART
 from fedvls_flwr.app.results import read_rounds
 from fedvls_flwr.app.server import run_experiment
 from fedvls_flwr.config.run_config import ConfigError, RunConfig, parse_run_config
-from fedvls_flwr.models import build_model
+from fedvls_flwr.models import FeatureTap, build_model, classifier_of
 from tests.fake_grid import FakeGridBase
 
 
@@ -197,6 +198,64 @@ def test_client_head_training_matches_torch_sgd_on_concatenated_features():
     # stage 1 is the ordinary local training
     assert FedConcat.client_train(arrays, {"fedconcat-stage": 1}, cfg, Data(x, y), None, None,
                                   torch.device("cpu"), g) is None
+
+
+@pytest.mark.parametrize("name, shape", [
+    ("mlp", (1, 8, 8)), ("cnn", (1, 28, 28)), ("cnn", (3, 32, 32)), ("resnet32", (3, 32, 32)),
+    ("resnet18", (3, 32, 32)), ("resnet18-imagenet", (3, 64, 64)), ("mobilenetv2", (3, 32, 32)),
+], ids=["mlp", "cnn-mnist", "cnn-cifar", "resnet32", "resnet18", "resnet18-imagenet", "mobilenetv2"])
+def test_every_model_with_an_encoder_and_a_head_concatenates(name, shape):
+    """Stage 2 on each architecture: the concatenated model's logits are head(concat of each
+    encoder's classifier input), computed here from two separately loaded models in eval mode
+    (BatchNorm with its aggregated statistics); in train mode the encoders stay in eval mode, so
+    a forward pass leaves their BatchNorm statistics alone; the client's head step runs."""
+    torch.manual_seed(0)
+    model = build_model(name, shape, 10)
+    arrays = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+    p = protocol(fedconcat_clusters=2, fedconcat_assignment="0,1", fedconcat_encoder_rounds=1)
+    p.bind_model(model)
+    state = p.initial_state(arrays, {})
+    g = np.random.default_rng(1)
+    for key in [k for k in state if k.startswith("cluster1/") and state[k].dtype.kind == "f"]:
+        state[key] = state[key] + (0.05 * g.standard_normal(state[key].shape)).astype(state[key].dtype)
+    state = p.aggregate(1, state, {})
+    width = 2 * classifier_of(model).in_features
+    assert state[HEAD_WEIGHT].shape == (10, width)
+    x = torch.randn(6, *shape, generator=torch.Generator().manual_seed(2))
+    concat = p.evaluation_model(state, model, 2)
+    assert concat is not None
+    concat.eval()
+    features = []
+    for k in (0, 1):
+        encoder = build_model(name, shape, 10)
+        prefix = f"encoder{k}/"
+        encoder.load_state_dict({key[len(prefix):]: torch.from_numpy(np.asarray(v))
+                                 for key, v in state.items() if key.startswith(prefix)})
+        encoder.eval()
+        tap = FeatureTap(encoder)
+        with torch.no_grad():
+            encoder(x)
+        features.append(tap.features.flatten(1))
+    expected = torch.cat(features, 1) @ torch.from_numpy(state[HEAD_WEIGHT]).T + torch.from_numpy(state[HEAD_BIAS])
+    with torch.no_grad():
+        torch.testing.assert_close(concat(x), expected, rtol=1e-4, atol=1e-5)
+    frozen = {key: v.clone() for key, v in concat.encoders.state_dict().items()}
+    concat.train()  # as a client trains the head: the encoders stay in eval mode
+    assert not any(m.training for m in concat.encoders.modules()) and concat.head.training
+    concat(x)
+    for key, v in concat.encoders.state_dict().items():  # BatchNorm's running statistics included
+        assert torch.equal(v, frozen[key]), key
+    sent = {**{key: torch.from_numpy(np.asarray(v)).clone() for key, v in state.items() if key.startswith("encoder")},
+            HEAD_WEIGHT: torch.from_numpy(state[HEAD_WEIGHT]).clone(), HEAD_BIAS: torch.from_numpy(state[HEAD_BIAS]).clone()}
+    before = {HEAD_WEIGHT: sent[HEAD_WEIGHT].clone()}
+    cfg = RunConfig(protocol="fedconcat", batch_size=4, lr=0.05, augment=False)
+    y = torch.arange(12) % 10
+    weights, result = FedConcat.client_train(sent, {"fedconcat-stage": 2}, cfg,
+                                             Data(torch.randn(12, *shape, generator=torch.Generator().manual_seed(3)), y),
+                                             lambda: build_model(name, shape, 10), None, torch.device("cpu"),
+                                             torch.Generator().manual_seed(4))
+    assert set(weights) == {HEAD_WEIGHT, HEAD_BIAS} and result.steps == 3 and math.isfinite(result.loss)
+    assert not torch.equal(weights[HEAD_WEIGHT], before[HEAD_WEIGHT])
 
 
 def test_a_node_without_its_encoders_says_so():
