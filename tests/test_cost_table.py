@@ -1,6 +1,6 @@
-"""Every registered method, local optimizer and server optimizer has a measured cost row in
-docs/performance.md's table, which bench/bench_parts.py writes: a part added without its
-cost measured fails here (issue 30: the docs say what each method costs)."""
+"""Every registered method, local optimizer, server optimizer and protocol (each stage) has a
+measured cost row in docs/performance.md's table, which bench/bench_parts.py writes: a part
+added without its cost measured fails here (issue 30: the docs say what each method costs)."""
 
 import re
 from pathlib import Path
@@ -23,7 +23,8 @@ def _rows() -> set[str]:
 ROWS = _rows()
 EXPECTED = ([*part_names("method")]
             + [f"fedavg + {name}" for name in part_names("local-optimizer") if name != "sgd"]
-            + [*part_names("server-optimizer")])
+            + [*part_names("server-optimizer")]
+            + [f"{name} stage {stage} (K=2)" for name in part_names("protocol") if name != "standard" for stage in (1, 2)])
 
 
 @pytest.mark.parametrize("row", EXPECTED)
