@@ -2,7 +2,8 @@
 sites' shared label distributions, per-cluster FedAvg, then the head over the frozen encoders
 that every node keeps in its Context.state), with plain CE and with FedVLS in stage 1, in
 simulation; killed in either stage and resumed, equal to a straight run; and in deployment,
-where every message runs in a fresh ClientApp process."""
+where every message runs in a fresh ClientApp process, including a SuperNode that joins in
+stage 2 and must be sent the encoders."""
 
 from __future__ import annotations
 
@@ -115,3 +116,35 @@ def test_fedconcat_killed_in_either_stage_resumes_to_the_straight_runs_history(t
               "equal the straight run's")
     for home in ("home-straight", "home-1a", "home-1b", "home-2a", "home-2b"):
         assert_none_left((), tmp_path / home)
+
+
+def test_a_node_that_joins_in_stage_two_gets_the_encoders(tmp_path):
+    """Deployment: two SuperNodes (partitions 0 and 1 of 3) are clustered and run stage 1 (2
+    rounds); once a stage-2 round is saved, a third SuperNode (partition 2) starts. It took no
+    part in the clustering or stage 1; from the first stage-2 round that samples it, it trains
+    the head over the K encoders it is sent, and no reply in the run fails or is rejected."""
+    run_dir = tmp_path / "runs" / "late"
+    link = LocalSuperLink(tmp_path / "flwr", simulation=False, env_extra={"FEDVLS_CACHE_DIR": str(tmp_path / "cache")})
+    try:
+        link.start(insecure=True)
+        for i in range(2):
+            link.start_supernode(f"node-{i}", {"partition-id": i, "num-partitions": 3})
+        run_id = link.submit(run_config={**BASE, "method": "fedavg", "num-server-rounds": 6, "min-nodes": 2,
+                                         "round-timeout": 120.0, "output-dir": str(tmp_path / "runs"),
+                                         "run-name": "late"})
+        wait_for_saved_round(run_dir, 3, timeout=300, explain=lambda: link.status(run_id))
+        link.start_supernode("node-2", {"partition-id": 2, "num-partitions": 3})
+        outcome = link.wait(run_id, timeout=300, poll=1.0)
+    finally:
+        link.stop()
+    assert_none_left(link.started_pids, tmp_path)
+    rounds = read_rounds(run_dir)
+    assert outcome.completed, f"{outcome.status}\n{outcome.log[-4000:]}"
+    assert [r["stage"] for r in rounds] == [1, 1, 1, 2, 2, 2, 2]
+    for r in rounds[1:]:
+        assert r["failures"] == [] and r["clients_accepted"] == r["clients_sampled"], r
+    assert all(set(r["sampled_partitions"]) == {0, 1} for r in rounds[1:4])  # before it started
+    late = [r for r in rounds[4:] if 2 in r["sampled_partitions"]]
+    assert late and all(0.0 <= r["accuracy"] <= 1.0 for r in late), [r["sampled_partitions"] for r in rounds]
+    about = json.loads((run_dir / "protocol.json").read_text())
+    assert set(about["assignment"]) == {"0", "1"}  # clustered before it joined
