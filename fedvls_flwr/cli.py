@@ -16,6 +16,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from fedvls_flwr.app.processes import stopped_cleanly_on_termination
+
 #: command -> (module with ``main(argv) -> int``, one line of help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("fedvls_flwr.experiments.check", "check a run config before submitting it"),
@@ -43,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fedvls: unknown command {command!r}\n\n{usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[command][0])
-    return int(module.main(rest) or 0)
+    with stopped_cleanly_on_termination(f"fedvls {command}"):
+        return int(module.main(rest) or 0)
 
 
 if __name__ == "__main__":

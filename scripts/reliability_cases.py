@@ -304,6 +304,13 @@ FAULTS: tuple[Fault, ...] = (
     Fault("sweep-killed", "a sweep killed after its first run, run again",
           "tests/test_e2e_sweep.py::test_sweep_killed_after_its_first_run_resumes_without_rerunning_it",
           "the finished run is skipped untouched, the rest runs"),
+    Fault("sweep-sigterm", "`kill` (SIGTERM) to a sweep mid-run (new)",
+          "tests/test_e2e_sweep.py::test_sweep_stopped_by_sigterm_stops_everything_it_started",
+          "exit 143, `fedvls sweep: stopped by SIGTERM; every process it started has been stopped`; its SuperLink, "
+          "simulation and Ray head are gone"),
+    Fault("fedconcat-late-node", "SuperNode joins FedConcat in stage 2 (deployment; new)",
+          "tests/test_e2e_fedconcat.py::test_a_node_that_joins_in_stage_two_gets_the_encoders",
+          "it is sent the K encoders and trains the head; no reply fails"),
     Fault("min-nodes-deployment", "a deployment short of `min-nodes` (fake Grid, no Flower processes; new)",
           "tests/test_strategy.py::test_a_deployment_short_of_min_nodes_fails_after_min_nodes_timeout_naming_the_partitions",
           "after `min-nodes-timeout` the run fails: `only 3 of min-nodes = 5 SuperNodes connected ...; they say "

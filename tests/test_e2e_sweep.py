@@ -166,3 +166,43 @@ def test_sweep_killed_after_its_first_run_resumes_without_rerunning_it(tmp_path)
     assert second["status"] == "completed" and second["rounds_completed"] == 1
     labels = {row["method"] for row in read_csv(out / "report" / "results.csv")}
     assert labels == {"FedAvg", "FedVLS"}
+
+
+def test_sweep_stopped_by_sigterm_stops_everything_it_started(tmp_path):
+    """`kill PID` on the sweep alone (SIGTERM, as a scheduler or a closed session sends it),
+    in the middle of its first run: the sweep itself stops its SuperLink, the simulation and
+    its shared Ray head, by PID, and exits with 143. Python's default for SIGTERM ended it at
+    once and left the Ray head running."""
+    import signal
+
+    out = (tmp_path / "out").resolve()
+    started = out / FIRST / "rounds.jsonl"
+    console = tmp_path / "sweep-terminated.log"
+    seen: set[int] = set()
+    with console.open("wb") as handle:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fedvls_flwr", "sweep", str(write_preset(tmp_path)), "-o", str(out),
+             "--timeout", str(RUN_TIMEOUT)],
+            cwd=PROJECT_DIR, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT
+        while not started.exists():
+            seen.update(descendants(proc.pid))
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"the first run never started:\n{console.read_text()[-3000:]}")
+            time.sleep(0.1)
+        seen.update(descendants(proc.pid))
+        said = console.read_text()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            stop_process(proc)
+    log = console.read_text()
+    assert "one Ray for the whole sweep" in said, said
+    assert code == 128 + signal.SIGTERM, log[-3000:]
+    assert "fedvls sweep: stopped by SIGTERM" in log, log[-3000:]
+    assert len(seen) >= 5, seen  # the SuperLink, its SuperExec, the simulation, the Ray head's processes
+    assert_none_left(seen, out / ".flwr-home", timeout=20.0)
+    assert not (out / SECOND).exists()

@@ -8,8 +8,11 @@ import os
 import signal
 import socket
 import subprocess
+import sys
+import threading
 import time
-from contextlib import closing
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 
@@ -67,6 +70,41 @@ def die_with_parent() -> None:  # pragma: no cover - runs in the child before ex
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+
+
+#: Signals that end a launcher the way Ctrl-C does (``kill``, a closed terminal, a scheduler).
+TERMINATING = (signal.SIGTERM, signal.SIGHUP)
+
+
+@contextmanager
+def stopped_cleanly_on_termination(who: str) -> Iterator[None]:
+    """Inside: SIGTERM and SIGHUP unwind the stack like Ctrl-C, so the ``finally`` blocks and
+    context managers that stop, by PID, what this process started still run. Python's default
+    for them ends the process at once, and a killed ``fedvls sweep`` left its Ray head running.
+    A signal set to be ignored (``nohup``) stays ignored; outside the main thread nothing
+    changes. The exit status is 128 + the signal's number, as a shell reports it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def unwind(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = {sig: signal.getsignal(sig) for sig in TERMINATING}
+    for sig, handler in previous.items():
+        if handler == signal.SIG_DFL:
+            signal.signal(sig, unwind)
+    try:
+        yield
+    except SystemExit as stop:
+        if isinstance(stop.code, int) and stop.code - 128 in {int(s) for s in TERMINATING}:
+            name = signal.Signals(stop.code - 128).name
+            print(f"{who}: stopped by {name}; every process it started has been stopped", file=sys.stderr)
+        raise
+    finally:
+        for sig, handler in previous.items():
+            if handler == signal.SIG_DFL:
+                signal.signal(sig, handler)
 
 
 def descendants(pid: int) -> list[int]:

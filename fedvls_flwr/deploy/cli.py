@@ -242,4 +242,7 @@ def _local(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from fedvls_flwr.app.processes import stopped_cleanly_on_termination
+
+    with stopped_cleanly_on_termination("fedvls deploy"):
+        raise SystemExit(main())

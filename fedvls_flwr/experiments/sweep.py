@@ -282,4 +282,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from fedvls_flwr.app.processes import stopped_cleanly_on_termination
+
+    with stopped_cleanly_on_termination("fedvls sweep"):
+        raise SystemExit(main())
