@@ -306,8 +306,8 @@ FAULTS: tuple[Fault, ...] = (
           "the finished run is skipped untouched, the rest runs"),
     Fault("sweep-sigterm", "`kill` (SIGTERM) to a sweep mid-run (new)",
           "tests/test_e2e_sweep.py::test_sweep_stopped_by_sigterm_stops_everything_it_started",
-          "exit 143, `fedvls sweep: stopped by SIGTERM; every process it started has been stopped`; its SuperLink, "
-          "simulation and Ray head are gone"),
+          "exit 143; the sweep says it was `stopped by SIGTERM; every process it started has been stopped`, and its "
+          "SuperLink, simulation and Ray head are gone"),
     Fault("fedconcat-late-node", "SuperNode joins FedConcat in stage 2 (deployment; new)",
           "tests/test_e2e_fedconcat.py::test_a_node_that_joins_in_stage_two_gets_the_encoders",
           "it is sent the K encoders and trains the head; no reply fails"),
