@@ -39,20 +39,14 @@ def _local_update(group: str, side: str) -> Callable[[dict[str, Any]], object]:
 
 def diagnostics_rows(report_table: ReportTable, runs: Sequence[RunRecord]) -> list[dict[str, Any]]:
     """Per table cell: drift diversity and, where recorded, the local-update view (%)."""
-    by_path = {r.path: r for r in runs}
     out = []
-    for row in report_table.row_values:
-        for col in report_table.col_values:
-            cell = report_table.cell(row, col)
-            if cell is None:
-                continue
-            members = [by_path[p] for p in cell.run_paths]
-            entry: dict[str, Any] = {"row": row, "col": col, "n": len(members)}
-            entry["drift_diversity"] = [_late_mean(r, lambda x: x.get("drift_diversity")) for r in members]
-            for group in LOCAL_GROUPS:
-                for side in ("local", "global"):
-                    entry[f"{group}_{side}"] = [100.0 * _late_mean(r, _local_update(group, side)) for r in members]
-            out.append(entry)
+    for row, col, members in report_table.cell_runs(runs):
+        entry: dict[str, Any] = {"row": row, "col": col, "n": len(members)}
+        entry["drift_diversity"] = [_late_mean(r, lambda x: x.get("drift_diversity")) for r in members]
+        for group in LOCAL_GROUPS:
+            for side in ("local", "global"):
+                entry[f"{group}_{side}"] = [100.0 * _late_mean(r, _local_update(group, side)) for r in members]
+        out.append(entry)
     return out
 
 

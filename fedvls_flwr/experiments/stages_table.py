@@ -39,19 +39,13 @@ def stage_stats(run: RunRecord) -> dict[str, dict[str, float]]:
 
 def stages_rows(report_table: ReportTable, runs: Sequence[RunRecord]) -> list[dict[str, Any]]:
     """One entry per (table cell, stage) whose runs recorded stages, stages in order."""
-    by_path = {r.path: r for r in runs}
     out = []
-    for row in report_table.row_values:
-        for col in report_table.col_values:
-            cell = report_table.cell(row, col)
-            if cell is None:
-                continue
-            per_run = [stage_stats(by_path[p]) for p in cell.run_paths]
-            names = sorted({s for stats in per_run for s in stats}, key=lambda s: (len(s), s))
-            for stage in names:
-                present = [stats[stage] for stats in per_run if stage in stats]
-                out.append({"row": row, "col": col, "stage": stage, "n": len(present),
-                            **{k: [p[k] for p in present] for k in STATS}})
+    for row, col, members in report_table.cell_runs(runs):
+        per_run = [stage_stats(run) for run in members]
+        for stage in sorted({s for stats in per_run for s in stats}, key=lambda s: (len(s), s)):
+            present = [stats[stage] for stats in per_run if stage in stats]
+            out.append({"row": row, "col": col, "stage": stage, "n": len(present),
+                        **{k: [p[k] for p in present] for k in STATS}})
     return out
 
 

@@ -7,7 +7,7 @@ import csv
 import json
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,6 +93,15 @@ class ReportTable:
 
     def seeds_per_cell(self) -> list[int]:
         return sorted({c.n for c in self.cells.values()})
+
+    def cell_runs(self, runs: Sequence[RunRecord]) -> Iterator[tuple[tuple, tuple, list[RunRecord]]]:
+        """(row, col, the cell's runs) for every filled cell, in display order (the tables
+        beside the results table - diagnostics, stages - are built from these)."""
+        by_path = {r.path: r for r in runs}
+        for row in self.row_values:
+            for col in self.col_values:
+                if (cell := self.cell(row, col)) is not None:
+                    yield row, col, [by_path[p] for p in cell.run_paths]
 
 
 def _parts_of(config: dict[str, Any]) -> list:
