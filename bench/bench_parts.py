@@ -83,7 +83,7 @@ def client_data(n: int = 1024):
 
 def head_round_ms(cfg: RunConfig, x, y) -> tuple[float, float]:
     """A FedConcat stage-2 client round (the authors' 3 mini-batches on the head over K frozen
-    encoders), the concatenated model's construction included, divided by its steps."""
+    encoders), the concatenated model's construction included: (ms per step, ms per round)."""
     from fedvls_flwr.algorithms.fedconcat import FedConcat
 
     torch.manual_seed(0)
@@ -98,8 +98,8 @@ def head_round_ms(cfg: RunConfig, x, y) -> tuple[float, float]:
     _, res = FedConcat.client_train(sent, {"fedconcat-stage": 2}, cfg, ClientData(x, y, 10, None, None),
                                     lambda: build_run_model(cfg, (1, 28, 28), 10), None, torch.device("cpu"),
                                     torch.Generator().manual_seed(2))
-    assert len({n.split("/", 1)[0] for n in sent if n.startswith("encoder")}) == k
     seconds = time.perf_counter() - start
+    assert len({n.split("/", 1)[0] for n in sent if n.startswith("encoder")}) == k
     return seconds / res.steps * 1e3, seconds * 1e3
 
 
