@@ -58,8 +58,8 @@ from bench.reference_loop import DEFAULT_DATA_DIR, RefConfig  # noqa: E402
 from bench.round_report import build_tables, fmt, machine_line, profile_tables  # noqa: E402
 from bench.round_timing import categorize_py_spy, log  # noqa: E402
 from bench.round_workloads import EXTRA_VARIANTS, VARIANTS, profile_client_round, run_app, run_plain  # noqa: E402
-from fedvls_flwr.app.launch import LocalSuperLink  # noqa: E402
 from fedvls_flwr.config.run_config import model_name  # noqa: E402
+from fedvls_flwr.ops.launch import LocalSuperLink  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,8 +35,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fedvls_flwr.app.launch import LocalSuperLink  # noqa: E402
 from fedvls_flwr.app.results import read_rounds  # noqa: E402
+from fedvls_flwr.ops.launch import LocalSuperLink  # noqa: E402
 from tests.test_e2e_cifar import MD5_ENV, SITECUSTOMIZE, write_tiny_cifar10  # noqa: E402
 from tests.test_fmnist import write_fmnist  # noqa: E402
 

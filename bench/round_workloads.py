@@ -17,13 +17,13 @@ sys.path.insert(0, str(PROJECT_DIR))
 
 from bench.reference_loop import RefConfig, cli_args  # noqa: E402
 from bench.round_timing import TreeSampler, descendants, median, steady  # noqa: E402
-from fedvls_flwr.app.launch import LocalSuperLink  # noqa: E402
 from fedvls_flwr.app.results import ROUNDS_FILE, SUMMARY_FILE, read_rounds  # noqa: E402
+from fedvls_flwr.ops.launch import LocalSuperLink  # noqa: E402
 
 REFERENCE = PROJECT_DIR / "bench" / "reference_loop.py"
 VARIANTS = ("plain-1t", "plain-2t", "dataloader-1t", "app")
 # Not run by default: the app while `flwr list` is polled every second, as
-# fedvls_flwr.app.launch.LocalSuperLink.wait does (the sweep and the tests wait that way).
+# fedvls_flwr.ops.launch.LocalSuperLink.wait does (the sweep and the tests wait that way).
 EXTRA_VARIANTS = ("app-polled",)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from fedvls_flwr.app.processes import stopped_cleanly_on_termination
+from fedvls_flwr.ops.processes import stopped_cleanly_on_termination
 
 #: command -> (module with ``main(argv) -> int``, one line of help)
 COMMANDS: dict[str, tuple[str, str]] = {

@@ -17,7 +17,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from fedvls_flwr.app.launch import PROJECT_DIR, LocalSuperLink
+from fedvls_flwr.ops.launch import PROJECT_DIR, LocalSuperLink
 
 ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 ap.add_argument("out", type=Path)

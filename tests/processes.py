@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from fedvls_flwr.app.processes import is_running
+from fedvls_flwr.ops.processes import is_running
 
 
 def _homes() -> dict[int, str]:

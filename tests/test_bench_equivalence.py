@@ -11,8 +11,8 @@ and must agree as well.
 import pytest
 
 from bench.reference_loop import RefConfig, run
-from fedvls_flwr.app.launch import LocalSuperLink
 from fedvls_flwr.app.results import read_rounds
+from fedvls_flwr.ops.launch import LocalSuperLink
 
 pytestmark = pytest.mark.e2e
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedvls_flwr.app.launch import LocalSuperLink
 from fedvls_flwr.experiments.check import main
+from fedvls_flwr.ops.launch import LocalSuperLink
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -19,9 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from fedvls_flwr.app.flower_cli import RunOutcome
-from fedvls_flwr.app.launch import LocalSuperLink
-from fedvls_flwr.app.processes import PortRangeError, free_port, parse_port_range
 from fedvls_flwr.app.supernode_guard import exit_with_supernode, is_gone, supernode_of_this_process
 from fedvls_flwr.deploy import cli as deploy
 from fedvls_flwr.deploy.breakdown import BreakdownInputError, breakdown
@@ -39,6 +36,9 @@ from fedvls_flwr.deploy.fence import (
 )
 from fedvls_flwr.deploy.local import evaluation_warning, node_configs
 from fedvls_flwr.deploy.local import report as _report
+from fedvls_flwr.ops.flower_cli import RunOutcome
+from fedvls_flwr.ops.launch import LocalSuperLink
+from fedvls_flwr.ops.processes import PortRangeError, free_port, parse_port_range
 from tests.nginx import nginx_binary  # noqa: F401 - the fixture `nginx`
 
 # ---------------------------------------------------------------------------

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from fedvls_flwr.algorithms.run_model import build_run_model
-from fedvls_flwr.app.launch import LocalSuperLink
 from fedvls_flwr.app.results import MODEL_FILE, load_arrays, read_rounds
 from fedvls_flwr.config.run_config import parse_run_config
 from fedvls_flwr.deploy.local import run_local
+from fedvls_flwr.ops.launch import LocalSuperLink
 from tests.processes import leftovers
 
 pytestmark = pytest.mark.e2e

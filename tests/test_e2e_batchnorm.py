@@ -14,8 +14,8 @@ import math
 
 import pytest
 
-from fedvls_flwr.app.launch import LocalSuperLink
 from fedvls_flwr.app.results import read_rounds
+from fedvls_flwr.ops.launch import LocalSuperLink
 
 pytestmark = pytest.mark.e2e
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedvls_flwr.app.launch import LocalSuperLink
 from fedvls_flwr.app.results import read_rounds
+from fedvls_flwr.ops.launch import LocalSuperLink
 
 pytestmark = pytest.mark.e2e
 

@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fedvls_flwr.app.launch import LocalSuperLink
 from fedvls_flwr.app.results import read_rounds
 from fedvls_flwr.deploy.breakdown import PHASES, breakdown
 from fedvls_flwr.deploy.certs import make_certificates
 from fedvls_flwr.deploy.local import run_local
+from fedvls_flwr.ops.launch import LocalSuperLink
 from tests.processes import leftovers
 
 pytestmark = pytest.mark.e2e

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import pytest
 
-from fedvls_flwr.app.launch import LocalSuperLink
-from fedvls_flwr.app.processes import descendants
 from fedvls_flwr.app.results import read_rounds
+from fedvls_flwr.ops.launch import LocalSuperLink
+from fedvls_flwr.ops.processes import descendants
 from tests.processes import leftovers, processes_with_home
 
 pytestmark = pytest.mark.e2e

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from fedvls_flwr.app.launch import LocalSuperLink
 from fedvls_flwr.app.results import read_rounds
 from fedvls_flwr.deploy.wheelhouse import build_project_wheel
+from fedvls_flwr.ops.launch import LocalSuperLink
 from tests.processes import assert_none_left
 
 pytestmark = pytest.mark.e2e

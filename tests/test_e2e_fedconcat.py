@@ -13,10 +13,10 @@ import json
 import numpy as np
 import pytest
 
-from fedvls_flwr.app.launch import LocalSuperLink
 from fedvls_flwr.app.results import MODEL_FILE, load_arrays, read_rounds
 from fedvls_flwr.deploy.local import run_local
 from fedvls_flwr.experiments.report import make_report
+from fedvls_flwr.ops.launch import LocalSuperLink
 from tests.processes import assert_none_left, kill_now, leftovers, processes_with_home, wait_for_saved_round
 
 pytestmark = pytest.mark.e2e

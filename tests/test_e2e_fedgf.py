@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedvls_flwr.app.launch import LocalSuperLink
 from fedvls_flwr.app.results import CHECKPOINT_FILE, MODEL_FILE, load_arrays, read_rounds
+from fedvls_flwr.ops.launch import LocalSuperLink
 from tests.processes import assert_none_left
 
 pytestmark = pytest.mark.e2e

@@ -21,12 +21,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fedvls_flwr.app.flower_cli import BIN_DIR, flower_env
-from fedvls_flwr.app.launch import LocalSuperLink
 from fedvls_flwr.app.results import read_rounds
 from fedvls_flwr.deploy import cli as deploy
 from fedvls_flwr.deploy.certs import make_certificates
 from fedvls_flwr.deploy.fence import start_fence
+from fedvls_flwr.ops.flower_cli import BIN_DIR, flower_env
+from fedvls_flwr.ops.launch import LocalSuperLink
 from tests.nginx import nginx_binary  # noqa: F401 - the fixture `nginx`
 from tests.processes import leftovers
 from tests.test_e2e_deployment import DIGITS, check_results, node_env, run_config, write_digit_folder

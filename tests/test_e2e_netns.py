@@ -28,12 +28,12 @@ from pathlib import Path
 
 import pytest
 
-from fedvls_flwr.app.flower_cli import BIN_DIR, flower_env, node_config_arg, run_config_arg
-from fedvls_flwr.app.launch import PROJECT_DIR
-from fedvls_flwr.app.processes import stop_process
 from fedvls_flwr.app.results import read_rounds
 from fedvls_flwr.deploy.certs import make_certificates
 from fedvls_flwr.deploy.fence import INSTALL_HINT, find_nginx, standalone_config
+from fedvls_flwr.ops.flower_cli import BIN_DIR, flower_env, node_config_arg, run_config_arg
+from fedvls_flwr.ops.launch import PROJECT_DIR
+from fedvls_flwr.ops.processes import stop_process
 from tests import netns
 from tests.processes import leftovers
 from tests.test_e2e_deployment import DIGITS, write_digit_folder

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from fedvls_flwr.app.launch import LocalSuperLink
-from fedvls_flwr.app.processes import free_port
-from fedvls_flwr.app.ray_cluster import RAY_BIN, RayNode, start_ray_node
 from fedvls_flwr.app.results import read_rounds
+from fedvls_flwr.ops.launch import LocalSuperLink
+from fedvls_flwr.ops.processes import free_port
+from fedvls_flwr.ops.ray_cluster import RAY_BIN, RayNode, start_ray_node
 from tests.processes import assert_none_left, kill_now, wait_for_saved_round
 
 pytestmark = [

@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from fedvls_flwr.app.launch import PROJECT_DIR, LocalSuperLink
 from fedvls_flwr.app.results import read_rounds
+from fedvls_flwr.ops.launch import PROJECT_DIR, LocalSuperLink
 from tests.fault_injection import FAULT_ENV, fault_app
 from tests.processes import assert_none_left, kill_now, processes_with_home, wait_for_saved_round
 

@@ -5,10 +5,10 @@ import json
 import pytest
 import torch
 
-from fedvls_flwr.app.launch import LocalSuperLink
 from fedvls_flwr.app.results import read_rounds
 from fedvls_flwr.config.run_config import parse_run_config
 from fedvls_flwr.data.node_data import client_data
+from fedvls_flwr.ops.launch import LocalSuperLink
 
 pytestmark = pytest.mark.e2e
 

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from fedvls_flwr.app.launch import PROJECT_DIR
-from fedvls_flwr.app.processes import descendants, stop_process
 from fedvls_flwr.experiments.preset import load_preset
 from fedvls_flwr.experiments.progress import PROGRESS_FILE
 from fedvls_flwr.experiments.report import method_label
 from fedvls_flwr.experiments.sweep import run_preset
+from fedvls_flwr.ops.launch import PROJECT_DIR
+from fedvls_flwr.ops.processes import descendants, stop_process
 from tests.processes import assert_none_left
 
 pytestmark = pytest.mark.e2e

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from fedvls_flwr.app.launch import LocalSuperLink
 from fedvls_flwr.app.results import read_rounds
 from fedvls_flwr.app.tracking import EVENT_FILES, record_metrics
+from fedvls_flwr.ops.launch import LocalSuperLink
 
 pytestmark = pytest.mark.e2e
 

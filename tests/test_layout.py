@@ -9,7 +9,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "fedvls_flwr"
 
 #: Layers in data-flow order; a module may import its own layer and those listed before it.
-LAYERS = ("config", "data", "models", "algorithms", "app", "experiments", "deploy", "cli")
+LAYERS = ("config", "data", "models", "algorithms", "app", "ops", "experiments", "deploy", "cli")
 #: Layers that must run without Flower installed (the core, tables and plots).
 FLOWER_FREE = ("config", "data", "models", "algorithms")
 #: Layers that must not load torch (validation before any heavy import; an operator's machine).

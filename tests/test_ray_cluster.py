@@ -11,12 +11,12 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from fedvls_flwr.app import protocol
 from fedvls_flwr.app.client import query_round, where_it_runs
-from fedvls_flwr.app.processes import free_port
-from fedvls_flwr.app.ray_cluster import check_cluster_settings, check_ray_address, federation_conflicts
+from fedvls_flwr.app.ray_address import check_cluster_settings, check_ray_address, federation_conflicts
 from fedvls_flwr.app.results import summarize
 from fedvls_flwr.app.server import _devices_text, count_by
 from fedvls_flwr.app.strategy import CheckedFedAvg
 from fedvls_flwr.config.run_config import RunConfig
+from fedvls_flwr.ops.processes import free_port
 from tests.test_strategy import GLOBAL, reply, run_identity  # noqa: F401 - the fixture is used by name
 
 

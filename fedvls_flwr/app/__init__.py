@@ -1,4 +1,4 @@
 """The Flower side: the server's experiment loop and strategy, the client's round, the message protocol, run folders.
 
-Imports ``config``, ``data``, ``models``, ``algorithms`` and Flower; ``launch`` starts and stops Flower processes.
+Imports ``config``, ``data``, ``models``, ``algorithms`` and Flower; what starts Flower and Ray from outside is ``ops``.
 """

@@ -32,7 +32,7 @@ from fedvls_flwr.algorithms.run_model import build_run_model
 from fedvls_flwr.algorithms.training import evaluate, resolve_device
 from fedvls_flwr.app.events import ROUND_END, emit
 from fedvls_flwr.app.messages import is_simulation, to_array_record, to_numpy_dict
-from fedvls_flwr.app.ray_cluster import check_ray_address, ray_address
+from fedvls_flwr.app.ray_address import check_ray_address, ray_address
 from fedvls_flwr.app.results import (
     CONFIG_FILE,
     RESUMABLE_CHANGES,

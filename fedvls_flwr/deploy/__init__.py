@@ -1,4 +1,4 @@
 """Real deployments: certificates and keys, the nginx fence, the one-machine launcher, the round-time breakdown.
 
-Imports ``config``, ``app.launch`` and ``experiments.check``; never torch (an operator's machine needs none).
+Imports ``config``, ``ops`` and ``experiments.check``; never torch (an operator's machine needs none).
 """

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedvls_flwr.app.flower_cli import TlsFiles
+from fedvls_flwr.ops.flower_cli import TlsFiles
 
 
 @dataclass(frozen=True)

@@ -32,15 +32,15 @@ from pathlib import Path
 
 from click import ClickException
 
-from fedvls_flwr.app.flower_cli import TlsFiles
-from fedvls_flwr.app.launch import PROJECT_DIR
-from fedvls_flwr.app.processes import parse_port_range
 from fedvls_flwr.data.node_config import check_distinct_sites, check_node_folders, parse_node_config
 from fedvls_flwr.deploy.breakdown import BreakdownInputError, breakdown, print_breakdown
 from fedvls_flwr.deploy.certs import make_certificates, missing_loopback_names
 from fedvls_flwr.deploy.fence import FenceError, require_nginx, serve_operator_link, server_block
 from fedvls_flwr.deploy.local import Terminated, evaluation_warning, node_configs, parse_config_string, report, run_local
 from fedvls_flwr.experiments.check import check_run_config
+from fedvls_flwr.ops.flower_cli import TlsFiles
+from fedvls_flwr.ops.launch import PROJECT_DIR
+from fedvls_flwr.ops.processes import parse_port_range
 
 #: Debian's nginx package enables this site (port 80, every interface) when it is installed.
 DEBIAN_DEFAULT_SITE = Path("/etc/nginx/sites-enabled/default")
@@ -242,7 +242,7 @@ def _local(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 if __name__ == "__main__":
-    from fedvls_flwr.app.processes import stopped_cleanly_on_termination
+    from fedvls_flwr.ops.processes import stopped_cleanly_on_termination
 
     with stopped_cleanly_on_termination("fedvls deploy"):
         raise SystemExit(main())

@@ -35,10 +35,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fedvls_flwr.app.processes import wait_for_port
+from fedvls_flwr.ops.processes import wait_for_port
 
 if TYPE_CHECKING:
-    from fedvls_flwr.app.launch import LocalSuperLink
+    from fedvls_flwr.ops.launch import LocalSuperLink
 
 FLEET_PREFIX = "/v1/fleet/"
 CONTROL_PREFIX = "/v1/control/"

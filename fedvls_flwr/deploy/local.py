@@ -11,12 +11,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedvls_flwr.app.flower_cli import RunOutcome
-from fedvls_flwr.app.launch import PROJECT_DIR, LocalSuperLink
 from fedvls_flwr.config.args import parse_run_config_args
 from fedvls_flwr.deploy.certs import make_certificates
 from fedvls_flwr.deploy.fence import require_nginx, start_fence
 from fedvls_flwr.experiments.check import check_run_config
+from fedvls_flwr.ops.flower_cli import RunOutcome
+from fedvls_flwr.ops.launch import PROJECT_DIR, LocalSuperLink
 
 
 class Terminated(BaseException):

@@ -25,8 +25,8 @@ from typing import Any
 
 import yaml
 
-from fedvls_flwr.app.launch import PROJECT_DIR
 from fedvls_flwr.config.run_config import DEFAULT_MODELS, ConfigError, RunConfig, did_you_mean, model_name, parse_run_config
+from fedvls_flwr.ops.launch import PROJECT_DIR
 
 DEFAULT_FEDERATION = {"num-supernodes": 10, "client-resources-num-cpus": 1}
 

@@ -31,10 +31,7 @@ from typing import Any
 
 import yaml
 
-from fedvls_flwr.app.flower_cli import flower_env
-from fedvls_flwr.app.launch import LocalSuperLink
-from fedvls_flwr.app.processes import PortRangeError, parse_port_range
-from fedvls_flwr.app.ray_cluster import RayClusterError, RayHead, check_ray_address, ray_address
+from fedvls_flwr.app.ray_address import check_ray_address, ray_address
 from fedvls_flwr.app.results import SUMMARY_FILE, atomic_write_json
 from fedvls_flwr.config.args import parse_items
 from fedvls_flwr.config.run_config import ConfigError, RunConfig, parse_run_config
@@ -48,6 +45,10 @@ from fedvls_flwr.experiments.preset import (
     split_federation,
 )
 from fedvls_flwr.experiments.progress import ProgressView, SweepProgress
+from fedvls_flwr.ops.flower_cli import flower_env
+from fedvls_flwr.ops.launch import LocalSuperLink
+from fedvls_flwr.ops.processes import PortRangeError, parse_port_range
+from fedvls_flwr.ops.ray_cluster import RayClusterError, RayHead
 
 #: The file a sweep writes into each run folder: the settings the run was started with.
 RUN_FILE = "sweep-run.json"
@@ -282,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from fedvls_flwr.app.processes import stopped_cleanly_on_termination
+    from fedvls_flwr.ops.processes import stopped_cleanly_on_termination
 
     with stopped_cleanly_on_termination("fedvls sweep"):
         raise SystemExit(main())

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedvls_flwr.app.flower_cli import (
+from fedvls_flwr.ops.flower_cli import (
     BIN_DIR,
     RUN_ID,
     SUPEREXEC_POLL_ENV,
@@ -38,7 +38,7 @@ from fedvls_flwr.app.flower_cli import (
     node_config_arg,
     run_config_arg,
 )
-from fedvls_flwr.app.processes import (
+from fedvls_flwr.ops.processes import (
     die_with_parent,
     free_port,
     stop_process,

@@ -1,15 +1,10 @@
 """A Ray cluster we own, by PID: a head (and workers) started with ``ray start --block`` on
-127.0.0.1, every port chosen here, its own ``--temp-dir``; and the checks that a run meant
-for an existing cluster (``RAY_ADDRESS``) can reach it and does not ask it for what only a new
-cluster can be given.
-
-Flower 1.41's Ray backend calls ``ray.init(runtime_env=..., **init_args)`` when Ray is not yet
-initialised in the simulation's process, with no address: Ray's own rules pick the cluster
-(``RAY_ADDRESS``, else the address file ``<temp dir>/ray_current_cluster``, else a new local
-one). A sweep therefore joins one cluster by giving its SuperLink ``RAY_ADDRESS`` (docs/ray-cluster.md).
+127.0.0.1, every port chosen here, its own ``--temp-dir``. A sweep joins it by giving its
+SuperLink ``RAY_ADDRESS`` (docs/ray-cluster.md; the checks of an address are in
+:mod:`fedvls_flwr.app.ray_address`).
 
 No Ray import here: ``ray`` is the CLI next to this interpreter. The processes are stopped by
-PID (:func:`fedvls_flwr.app.processes.stop_process`), never with ``ray stop``, which stops every
+PID (:func:`fedvls_flwr.ops.processes.stop_process`), never with ``ray stop``, which stops every
 Ray cluster of this user on the machine.
 """
 
@@ -27,81 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedvls_flwr.app.processes import descendants, die_with_parent, free_port, stop_process
+from fedvls_flwr.ops.processes import descendants, die_with_parent, free_port, stop_process
 
 RAY_BIN = Path(sys.executable).parent / "ray"
-#: Federation settings (``flwr run --federation-config``) that become ``ray.init`` arguments
-#: for a new cluster. ``ray.init`` refuses num_cpus / num_gpus when it joins a running cluster
-#: ("When connecting to an existing cluster, num_cpus and num_gpus must not be provided"):
-#: that cluster's nodes were given their resources by ``ray start``.
-CONFLICTS_WITH_CLUSTER = {
-    "init-args-num-cpus": "--num-cpus",
-    "init-args-num-gpus": "--num-gpus",
-}
-#: ``RAY_ADDRESS`` values that mean "no existing cluster".
-LOCAL_ADDRESSES = ("", "local")
 #: What ``ray start`` prints once its node serves.
 STARTED = "Ray runtime started."
 
 
 class RayClusterError(RuntimeError):
     """A Ray cluster could not be started, or one named by ``RAY_ADDRESS`` cannot be used."""
-
-
-def ray_address() -> str | None:
-    """The cluster ``RAY_ADDRESS`` names (``host:port``, ``ray://`` prefix kept), or None."""
-    value = os.environ.get("RAY_ADDRESS", "").strip()
-    return None if value in LOCAL_ADDRESSES else value
-
-
-def _host_port(address: str) -> tuple[str, int] | None:
-    text = address.split("://", 1)[-1].rstrip("/")
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit():
-        return None
-    return host.strip("[]") or "127.0.0.1", int(port)
-
-
-def check_ray_address(address: str, timeout: float = 2.0) -> str | None:
-    """Why ``RAY_ADDRESS`` = ``address`` cannot be joined (not ``host:port``, nothing answers
-    there within ``timeout`` s), with the fix; None when something listens there."""
-    fix = ("start the cluster's head first (ray start --head --node-ip-address=<IP> --port=<PORT> ..., "
-           "docs/ray-cluster.md), or unset RAY_ADDRESS to let each run start its own local Ray")
-    where = _host_port(address)
-    if where is None:
-        return f"RAY_ADDRESS = {address!r} is not host:port (e.g. 127.0.0.1:6379); {fix}"
-    if address.startswith("ray://"):
-        return (f"RAY_ADDRESS = {address!r} is a Ray Client address: Flower's simulation connects as a driver "
-                "on a node of the cluster, so use the head's GCS address host:port (ray start --port), not ray://")
-    try:
-        with closing(socket.create_connection(where, timeout=timeout)):
-            return None
-    except OSError as err:
-        return f"RAY_ADDRESS = {address!r}: nothing answers at {where[0]}:{where[1]} ({err}); {fix}"
-
-
-def federation_conflicts(federation: dict[str, Any], address: str | None) -> list[str]:
-    """The federation settings that a run joining the cluster at ``address`` cannot have, each
-    with its fix; none when no cluster is named."""
-    if address is None:
-        return []
-    return [
-        f"federation setting '{key}' = {federation[key]!r} conflicts with RAY_ADDRESS = {address!r}: "
-        f"ray.init refuses it when joining a running cluster (its nodes got their resources from "
-        f"ray start {flag}); remove {key} from the federation, or unset RAY_ADDRESS to start a new local Ray"
-        for key, flag in CONFLICTS_WITH_CLUSTER.items() if federation.get(key) is not None
-    ]
-
-
-def check_cluster_settings(federation: dict[str, Any]) -> list[str]:
-    """Every problem of joining the cluster ``RAY_ADDRESS`` names with ``federation``."""
-    address = ray_address()
-    if address is None:
-        return []
-    problems = federation_conflicts(federation, address)
-    if (unreachable := check_ray_address(address)) is not None:
-        problems.append(unreachable)
-    return problems
 
 
 def short_temp_dir(prefix: str = "fvray") -> Path:
