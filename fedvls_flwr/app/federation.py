@@ -9,11 +9,6 @@ import numpy as np
 from fedvls_flwr.app import protocol
 
 
-def clients_per_round(fraction_train: float, nodes: int) -> int:
-    """How many of ``nodes`` nodes a round trains (``fraction-train`` of them, at least one)."""
-    return max(1, int(nodes * fraction_train + 1e-9))
-
-
 def too_few_nodes(needed: int, timeout: float, have: int, said: list[int], waited: float, simulation: bool) -> str:
     """Why the first round cannot start: ``have`` of ``needed`` nodes, which said partitions ``said``.
 

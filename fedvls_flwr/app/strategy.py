@@ -10,7 +10,6 @@ and how they are averaged (float64, integer buffers kept integer).
 from __future__ import annotations
 
 import math
-import random
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -38,10 +37,11 @@ from fedvls_flwr.algorithms.aggregation import (
 )
 from fedvls_flwr.algorithms.downlink import Downlink, build_companions, merge_downlinks
 from fedvls_flwr.algorithms.rounds import Assignment, build_protocol
+from fedvls_flwr.algorithms.sampling import sample_nodes
 from fedvls_flwr.algorithms.server_optim import build_server_optimizer
 from fedvls_flwr.app import protocol
 from fedvls_flwr.app.events import ROUND_START, emit
-from fedvls_flwr.app.federation import clients_per_round, pool_evaluations, same_partition
+from fedvls_flwr.app.federation import pool_evaluations, same_partition
 from fedvls_flwr.app.messages import (
     arrays_in,
     exchange,
@@ -124,12 +124,7 @@ class CheckedFedAvg(NodeDirectory, FedAvg):
         two runs with the same seed - two methods, say - train the same clients in every
         round. Nodes whose partition is not known yet come last, by node id.
         """
-        k = clients_per_round(self.cfg.fraction_train, len(node_ids))
-        if k >= len(node_ids):
-            return sorted(node_ids)
-        ordered = sorted(node_ids, key=lambda n: (n not in self.partitions, self.partitions.get(n, 0), n))
-        rng = random.Random(self.cfg.seed * 1_000_003 + server_round)
-        return sorted(rng.sample(ordered, k))
+        return sample_nodes(node_ids, self.partitions, self.cfg.fraction_train, self.cfg.seed, server_round)
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedvls_flwr.app.federation import clients_per_round
+from fedvls_flwr.algorithms.sampling import clients_per_round
 from fedvls_flwr.app.ray_address import check_cluster_settings
 from fedvls_flwr.app.tracking import check_tracking
 from fedvls_flwr.config.args import parse_run_config_args
