@@ -53,7 +53,7 @@ mark("import client_app", t0, c0)
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from fedvls_flwr.app import client as client_module
-from fedvls_flwr.app import protocol
+from fedvls_flwr.app import keys
 from fedvls_flwr.config.run_config import parse_run_config
 
 # The message as Flower hands it over: the global weights and the round's config.
@@ -61,7 +61,7 @@ cfg = parse_run_config(json.loads(sys.argv[2]))
 node_config = json.loads(sys.argv[3])
 with np.load(sys.argv[4]) as arrays:
     weights = ArrayRecord({k: Array(np.array(arrays[k])) for k in arrays.files})
-content = RecordDict({protocol.ARRAYS: weights, protocol.CONFIG: ConfigRecord({**cfg.to_flower(), "server-round": 2})})
+content = RecordDict({keys.ARRAYS: weights, keys.CONFIG: ConfigRecord({**cfg.to_flower(), "server-round": 2})})
 
 # Split the message: wrap the two steps train_round calls first.
 orig_data, orig_build = client_module.node_client_data, client_module.build_run_model

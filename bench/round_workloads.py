@@ -209,7 +209,7 @@ def profile_client_round(cfg: RefConfig, top: int = 25) -> dict[str, Any]:
     import torch
     from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-    from fedvls_flwr.app import protocol
+    from fedvls_flwr.app import keys
     from fedvls_flwr.app.client import train_round
     from fedvls_flwr.config.run_config import model_name, parse_run_config
     from fedvls_flwr.data.node_data import client_data, dataset_for
@@ -221,8 +221,8 @@ def profile_client_round(cfg: RefConfig, top: int = 25) -> dict[str, Any]:
     model = build_model(model_name(run_cfg), tuple(bundle.input_shape), bundle.num_classes)
     arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
     content = RecordDict({
-        protocol.ARRAYS: arrays,
-        protocol.CONFIG: ConfigRecord({**run_cfg.to_flower(), protocol.SERVER_ROUND: 2}),
+        keys.ARRAYS: arrays,
+        keys.CONFIG: ConfigRecord({**run_cfg.to_flower(), keys.SERVER_ROUND: 2}),
     })
     n = cfg.num_clients
     sizes = [int(client_data(run_cfg, i, n).y.shape[0]) for i in range(n)]  # warms the caches

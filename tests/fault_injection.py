@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message
 
-from fedvls_flwr.app import protocol
+from fedvls_flwr.app import keys
 
 FAULT_ENV = "FEDVLS_INJECT_FAULT"
 PROJECT_DIR = Path(__file__).resolve().parents[1]
@@ -64,14 +64,14 @@ def inject_faults(msg: Message, context: Context, call_next) -> Message:
     if msg.metadata.message_type != "train":
         return call_next(msg, context)
     partition_id = int(context.node_config.get("partition-id", -1))
-    server_round = int(msg.content[protocol.CONFIG][protocol.SERVER_ROUND])
+    server_round = int(msg.content[keys.CONFIG][keys.SERVER_ROUND])
     fault = planned_fault(partition_id, server_round)
     if fault == "raise":
         raise RuntimeError(f"injected fault: partition {partition_id} raises in round {server_round}")
     reply = call_next(msg, context)
     if fault == "nan":
-        arrays = reply.content[protocol.ARRAYS]
-        reply.content[protocol.ARRAYS] = ArrayRecord({
+        arrays = reply.content[keys.ARRAYS]
+        reply.content[keys.ARRAYS] = ArrayRecord({
             key: Array(np.full_like(arr.numpy(), np.nan) if arr.numpy().dtype.kind == "f" else arr.numpy())
             for key, arr in arrays.items()
         })

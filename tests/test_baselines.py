@@ -10,6 +10,7 @@ from torch import nn
 
 from fedvls_flwr.algorithms.local_optim import SAMStep
 from fedvls_flwr.algorithms.objectives import build_objective
+from fedvls_flwr.algorithms.parts import PartContext
 from fedvls_flwr.algorithms.run_model import build_run_model
 from fedvls_flwr.algorithms.sgd import LocalSGD
 from fedvls_flwr.algorithms.training import ClientState, train_local
@@ -118,7 +119,7 @@ def test_sam_step_matches_the_two_pass_reference(momentum, weight_decay):
     x, y = torch.randn(9, 6, generator=_gen(5), dtype=torch.float64), torch.randint(0, 4, (9,), generator=_gen(6))
     rho, lr = 0.2, 0.1
     sgd = LocalSGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
-    sam = SAMStep(sgd, {"sam-rho": rho})
+    sam = SAMStep({"sam-rho": rho}, PartContext(sgd=sgd))
 
     def closure():
         sgd.zero_grad()

@@ -11,9 +11,9 @@ from flwr.app.metadata import Metadata
 
 from fedvls_flwr.algorithms import device as device_module
 from fedvls_flwr.algorithms.device import describe_device, gpu_left_unused, peak_gpu_memory, set_deterministic
-from fedvls_flwr.app import protocol
+from fedvls_flwr.app import keys
 from fedvls_flwr.app.client import query_round
-from fedvls_flwr.app.strategy import CheckedFedAvg
+from fedvls_flwr.app.strategy import RunStrategy
 from fedvls_flwr.config.run_config import RunConfig
 from tests.fake_grid import FakeGridBase
 from tests.test_strategy import run_identity  # noqa: F401 - Flower's message ids need a run identity
@@ -71,8 +71,8 @@ def test_peak_gpu_memory_counts_a_rounds_allocations_on_cuda():
 
 def test_query_reply_names_the_device_and_the_partition():
     reply = query_round(RecordDict(), {"partition-id": 3, "num-partitions": 4})
-    assert reply[protocol.METRICS][protocol.PARTITION_ID] == 3
-    device = reply.config_records[protocol.CLIENT_INFO][protocol.DEVICE]
+    assert reply[keys.METRICS][keys.PARTITION_ID] == 3
+    device = reply.config_records[keys.CLIENT_INFO][keys.DEVICE]
     assert device.startswith("cuda") == torch.cuda.is_available()
 
 
@@ -89,19 +89,19 @@ class QueryGrid(FakeGridBase):
             meta = Metadata(run_id=1, message_id=f"r{node}", src_node_id=node, dst_node_id=0,
                             reply_to_message_id=m.metadata.message_id, group_id="0", created_at=time.time(),
                             ttl=60.0, message_type=m.metadata.message_type)
-            content = RecordDict({protocol.METRICS: MetricRecord({protocol.PARTITION_ID: node - 10}),
-                                  protocol.CLIENT_INFO: ConfigRecord({protocol.DEVICE: self.devices[node]})})
+            content = RecordDict({keys.METRICS: MetricRecord({keys.PARTITION_ID: node - 10}),
+                                  keys.CLIENT_INFO: ConfigRecord({keys.DEVICE: self.devices[node]})})
             out.append(Message(content, metadata=meta))
         return out
 
 
 def test_the_strategy_asks_every_node_its_device_once_before_round_1():
     grid = QueryGrid({10: H100, 11: RAY_CPU})
-    strategy = CheckedFedAvg(RunConfig(min_nodes=2))
-    devices = strategy.client_devices(grid)
+    strategy = RunStrategy(RunConfig(min_nodes=2))
+    devices = strategy.nodes.client_devices(grid)
     assert devices == {"node 10 (partition 0)": H100, "node 11 (partition 1)": RAY_CPU}
     assert grid.types == ["query", "query"]
-    assert strategy.partitions == {10: 0, 11: 1}  # learnt on the way: no second query later
+    assert strategy.nodes.partitions == {10: 0, 11: 1}  # learnt on the way: no second query later
     problem = gpu_left_unused("auto", True, devices, simulation=True)
     assert problem is not None and "node 11 (partition 1)" in problem.message
 

@@ -7,9 +7,10 @@ import pytest
 
 from fedvls_flwr.algorithms.aggregation import ArrayDict, Reply
 from fedvls_flwr.algorithms.downlink import Downlink, ServerCompanion, merge_downlinks
+from fedvls_flwr.algorithms.parts import PartContext
+from fedvls_flwr.app.keys import DOWNLINK, DOWNLINK_VALUES
 from fedvls_flwr.app.messages import to_numpy_dict
-from fedvls_flwr.app.protocol import DOWNLINK, DOWNLINK_VALUES
-from fedvls_flwr.app.strategy import CheckedFedAvg
+from fedvls_flwr.app.strategy import RunStrategy
 from fedvls_flwr.config.run_config import RunConfig
 from tests.test_strategy import FakeGrid, arrays, initial, reply, run_identity  # noqa: F401
 
@@ -18,7 +19,7 @@ class Counter(ServerCompanion):
     """Sends the last global model plus one, and how many rounds it has seen."""
 
     def __init__(self, params):
-        super().__init__(params)
+        super().__init__(params, PartContext())
         self.seen: list[tuple[int, ArrayDict, ArrayDict, list[Reply]]] = []
         self.last: ArrayDict | None = None
 
@@ -39,9 +40,14 @@ class Counter(ServerCompanion):
         self.seen = [None] * int(state["n"])  # type: ignore[list-item]
 
 
+def with_companion(strategy: RunStrategy) -> RunStrategy:
+    """The strategy with a Counter as its local optimizer's server companion."""
+    strategy.parts["local-optimizer"] = strategy.companions["local-optimizer"] = Counter({})
+    return strategy
+
+
 def test_companion_downlink_observe_and_state_round_trip():
-    strategy = CheckedFedAvg(RunConfig(num_server_rounds=3))
-    strategy.companions = {"counter": Counter({})}
+    strategy = with_companion(RunStrategy(RunConfig(num_server_rounds=3)))
     values = iter([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
     grid = FakeGrid([11, 12], lambda node, attempt: reply(node, arrays(next(values)), 10))
     strategy.run(grid, initial(), on_round_end=lambda r, a, rep: None)
@@ -52,7 +58,7 @@ def test_companion_downlink_observe_and_state_round_trip():
         np.testing.assert_array_equal(to_numpy_dict(m.content.array_records[DOWNLINK])["w-next"], np.full((2, 2), 2.5))
         assert m.content.config_records[DOWNLINK_VALUES]["rounds"] == 1.0
     assert third[0].content.config_records[DOWNLINK_VALUES]["rounds"] == 2.0
-    companion = strategy.companions["counter"]
+    companion = strategy.companions["local-optimizer"]
     assert [s[0] for s in companion.seen] == [1, 2, 3]
     round2 = companion.seen[1]
     np.testing.assert_array_equal(round2[1]["w"], np.full((2, 2), 1.5))  # what was sent in round 2
@@ -60,20 +66,19 @@ def test_companion_downlink_observe_and_state_round_trip():
     assert len(round2[3]) == 2 and {r.num_examples for r in round2[3]} == {10}
 
     state = strategy.server_state()
-    assert set(state) == {"companion/counter/last-w", "companion/counter/n"}
-    fresh = CheckedFedAvg(RunConfig(num_server_rounds=3))
-    fresh.companions = {"counter": Counter({})}
+    assert set(state) == {"local-optimizer/last-w", "local-optimizer/n"}  # each part's state under its kind
+    fresh = with_companion(RunStrategy(RunConfig(num_server_rounds=3)))
     model = fresh.load_server_state({**state, "w": np.zeros(2)})
     assert set(model) == {"w"}
-    assert fresh.companions["counter"].downlink(4, {}).values == companion.downlink(4, {}).values
+    assert fresh.companions["local-optimizer"].downlink(4, {}).values == companion.downlink(4, {}).values
 
 
 def test_a_failed_attempt_is_not_observed():
-    strategy = CheckedFedAvg(RunConfig(num_server_rounds=1, round_retries=1, min_fit_fraction=1.0, round_timeout=0.2))
-    strategy.companions = {"counter": Counter({})}
+    strategy = with_companion(
+        RunStrategy(RunConfig(num_server_rounds=1, round_retries=1, min_fit_fraction=1.0, round_timeout=0.2)))
     grid = FakeGrid([11, 12], lambda node, attempt: reply(node, arrays(1.0), 10) if attempt > 1 or node == 11 else None)
     strategy.run(grid, initial(), on_round_end=lambda r, a, rep: None)
-    assert [s[0] for s in strategy.companions["counter"].seen] == [1]  # the retry, once
+    assert [s[0] for s in strategy.companions["local-optimizer"].seen] == [1]  # the retry, once
 
 
 def test_two_parts_sending_the_same_key_is_an_error():

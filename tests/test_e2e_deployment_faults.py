@@ -36,7 +36,7 @@ from tests.processes import leftovers, processes_with_home
 pytestmark = pytest.mark.e2e
 
 ROUNDS = 4
-MISSING_REPLY = "no reply before round-timeout"  # CheckedFedAvg.aggregate_train
+MISSING_REPLY = "no reply before round-timeout"  # RunStrategy.aggregate_train
 NODE_UNAVAILABLE = "Node Unavailable"            # Flower's error reply for an expired node
 
 

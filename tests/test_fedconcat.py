@@ -28,8 +28,10 @@ from fedvls_flwr.algorithms.fedconcat import (
     cluster_sites,
     encoder_rounds,
 )
-from fedvls_flwr.algorithms.rounds import build_protocol
-from fedvls_flwr.app.protocol import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, PARTITION_ID, SERVER_ROUND, TRAIN_LOSS
+from fedvls_flwr.algorithms.parts import PartContext, build_part
+from fedvls_flwr.algorithms.rounds import ClientOutcome, ClientRound
+from fedvls_flwr.algorithms.training import ClientState
+from fedvls_flwr.app.keys import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, PARTITION_ID, SERVER_ROUND, TRAIN_LOSS
 from fedvls_flwr.app.results import read_rounds
 from fedvls_flwr.app.server import run_experiment
 from fedvls_flwr.config.run_config import ConfigError, RunConfig, parse_run_config
@@ -48,7 +50,7 @@ def run_identity():
 def protocol(**params) -> FedConcat:
     cfg = RunConfig(protocol="fedconcat", num_server_rounds=params.pop("rounds", 4), seed=3,
                     **{k.replace("-", "_"): v for k, v in params.items()})
-    p = build_protocol(cfg)
+    p = build_part("protocol", cfg.to_flower(), PartContext(run=cfg))
     assert isinstance(p, FedConcat)
     return p
 
@@ -90,7 +92,7 @@ def test_clustering_is_the_authors_kmeans_call():
     one_start_differs = False
     for seed in range(4):
         cfg = RunConfig(protocol="fedconcat", num_server_rounds=4, seed=seed, fedconcat_clusters=4)
-        state = build_protocol(cfg).initial_state(
+        state = build_part("protocol", cfg.to_flower(), PartContext(run=cfg)).initial_state(
             {"w": np.zeros((2, 2), np.float32)}, {i: {"class-counts": c.tolist()} for i, c in enumerate(counts)})
         ten = KMeans(n_clusters=4, init="k-means++", n_init=10, random_state=seed).fit(distributions).labels_
         one = KMeans(n_clusters=4, init="k-means++", n_init=1, random_state=seed).fit(distributions).labels_
@@ -167,6 +169,25 @@ class Data:
         self.x, self.y, self.num_classes, self.mean, self.std = x, y, num_classes, None, None
 
 
+class KeptNothing:
+    """A node that keeps nothing across rounds."""
+
+    def get(self, name):
+        return None
+
+    def put(self, name, arrays):
+        pass
+
+
+def client_step(cfg, arrays, stage, data, model_factory, seed) -> ClientOutcome:
+    """The client's side of a FedConcat training message in ``stage``."""
+    p = build_part("protocol", cfg.to_flower(), PartContext(run=cfg))
+    return p.client_train(ClientRound(arrays=arrays, config={"fedconcat-stage": stage}, cfg=cfg, data=data,
+                                      model_factory=model_factory, device=torch.device("cpu"),
+                                      generator=torch.Generator().manual_seed(seed), state=ClientState(),
+                                      kept=KeptNothing()))
+
+
 def test_client_head_training_matches_torch_sgd_on_concatenated_features():
     """The authors' train_net_classifier: SGD(classifier params, lr, momentum=rho, wd=reg),
     one shuffled pass cut after 3 mini-batches, CE of classifier(concat(encoder_k(x)))."""
@@ -178,9 +199,8 @@ def test_client_head_training_matches_torch_sgd_on_concatenated_features():
               **{f"encoder1/{k}": torch.from_numpy(v) for k, v in a1.items()},
               HEAD_WEIGHT: head_w, HEAD_BIAS: head_b}
     cfg = RunConfig(protocol="fedconcat", batch_size=64, lr=0.05, momentum=0.9, weight_decay=1e-3, augment=False)
-    weights, result = FedConcat.client_train(arrays, {"fedconcat-stage": 2}, cfg, Data(x, y),
-                                             lambda: build_model("mlp", (1, 8, 8), 10), None,
-                                             torch.device("cpu"), torch.Generator().manual_seed(9))
+    outcome = client_step(cfg, arrays, 2, Data(x, y), lambda: build_model("mlp", (1, 8, 8), 10), 9)
+    weights, result = outcome.weights, outcome.result
     # reference: features by hand (each encoder's input to its last Linear), torch.optim.SGD
     order = torch.randperm(150, generator=torch.Generator().manual_seed(9))
     head = nn.Linear(400, 10)
@@ -195,9 +215,12 @@ def test_client_head_training_matches_torch_sgd_on_concatenated_features():
     torch.testing.assert_close(weights[HEAD_WEIGHT], head.weight.detach(), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(weights[HEAD_BIAS], head.bias.detach(), rtol=1e-5, atol=1e-6)
     assert result.steps == 3 and result.num_examples == 150
-    # stage 1 is the ordinary local training
-    assert FedConcat.client_train(arrays, {"fedconcat-stage": 1}, cfg, Data(x, y), None, None,
-                                  torch.device("cpu"), g) is None
+    assert outcome.model is None  # the head is not the run's architecture: nothing for local-eval
+    # stage 1 is the ordinary local training of the cluster's whole model
+    cluster = {k: torch.from_numpy(v) for k, v in a0.items()}
+    stage1 = client_step(cfg.replace(method="fedavg", local_epochs=1), cluster, 1, Data(x, y),
+                         lambda: build_model("mlp", (1, 8, 8), 10), 9)
+    assert stage1.model is not None and set(stage1.weights) == set(a0) and stage1.result.steps == 3
 
 
 @pytest.mark.parametrize("name, shape", [
@@ -250,10 +273,9 @@ def test_every_model_with_an_encoder_and_a_head_concatenates(name, shape):
     before = {HEAD_WEIGHT: sent[HEAD_WEIGHT].clone()}
     cfg = RunConfig(protocol="fedconcat", batch_size=4, lr=0.05, augment=False)
     y = torch.arange(12) % 10
-    weights, result = FedConcat.client_train(sent, {"fedconcat-stage": 2}, cfg,
-                                             Data(torch.randn(12, *shape, generator=torch.Generator().manual_seed(3)), y),
-                                             lambda: build_model(name, shape, 10), None, torch.device("cpu"),
-                                             torch.Generator().manual_seed(4))
+    outcome = client_step(cfg, sent, 2, Data(torch.randn(12, *shape, generator=torch.Generator().manual_seed(3)), y),
+                          lambda: build_model(name, shape, 10), 4)
+    weights, result = outcome.weights, outcome.result
     assert set(weights) == {HEAD_WEIGHT, HEAD_BIAS} and result.steps == 3 and math.isfinite(result.loss)
     assert not torch.equal(weights[HEAD_WEIGHT], before[HEAD_WEIGHT])
 
@@ -261,9 +283,8 @@ def test_every_model_with_an_encoder_and_a_head_concatenates(name, shape):
 def test_a_node_without_its_encoders_says_so():
     cfg = RunConfig(protocol="fedconcat")
     with pytest.raises(RuntimeError, match="frozen encoders"):
-        FedConcat.client_train({HEAD_WEIGHT: torch.zeros(10, 400), HEAD_BIAS: torch.zeros(10)}, {"fedconcat-stage": 2},
-                               cfg, Data(torch.zeros(4, 1, 8, 8), torch.zeros(4, dtype=torch.long)), None, None,
-                               torch.device("cpu"), torch.Generator())
+        client_step(cfg, {HEAD_WEIGHT: torch.zeros(10, 400), HEAD_BIAS: torch.zeros(10)}, 2,
+                    Data(torch.zeros(4, 1, 8, 8), torch.zeros(4, dtype=torch.long)), None, 0)
 
 
 @pytest.mark.parametrize("changes, match", [

@@ -14,6 +14,7 @@ from fedvls_flwr.algorithms.aggregation import Reply, weighted_average
 from fedvls_flwr.algorithms.downlink import Received
 from fedvls_flwr.algorithms.fedgf import FedGFServer, FedGFStep
 from fedvls_flwr.algorithms.local_optim import SAMStep
+from fedvls_flwr.algorithms.parts import PartContext
 from fedvls_flwr.algorithms.run_model import build_run_model
 from fedvls_flwr.algorithms.sgd import LocalSGD
 from fedvls_flwr.algorithms.training import ClientState, train_local
@@ -75,7 +76,7 @@ def _app_steps(w0, b0, received, steps, cls=FedGFStep):
         model.weight.copy_(torch.from_numpy(w0))
         model.bias.copy_(torch.from_numpy(b0))
     sgd = LocalSGD(model.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WD)
-    step = cls(sgd, {"sam-rho": RHO}, received)
+    step = cls({"sam-rho": RHO}, PartContext(sgd=sgd, received=received))
     x, y = torch.from_numpy(X), torch.from_numpy(Y)
 
     def closure():
@@ -127,10 +128,10 @@ def test_a_downlink_that_does_not_fit_the_parameters_is_refused():
     sgd = LocalSGD(nn.Linear(3, 2).double().parameters(), lr=0.1)
     bad = Received(arrays={"weight": torch.from_numpy(wg)}, values={"c": 0.3}, param_names=["weight", "bias"])
     with pytest.raises(ValueError, match="lacks"):
-        FedGFStep(sgd, {"sam-rho": 0.1}, bad)
+        FedGFStep({"sam-rho": 0.1}, PartContext(sgd=sgd, received=bad))
     with pytest.raises(ValueError, match="param_names"):
-        FedGFStep(sgd, {"sam-rho": 0.1}, Received(arrays={"weight": torch.from_numpy(wg)}, values={"c": 0.3},
-                                                  param_names=["weight"]))
+        FedGFStep({"sam-rho": 0.1}, PartContext(sgd=sgd, received=Received(
+            arrays={"weight": torch.from_numpy(wg)}, values={"c": 0.3}, param_names=["weight"])))
 
 
 # --------------------------------------------------------------------------- whole local rounds
@@ -217,10 +218,14 @@ def test_fedgf_composes_with_the_objective(method, monkeypatch, request):
     app = _round(cfg, received)
     sam = _round(cfg.replace(local_optimizer="sam"))
 
-    def naive(cfg, sgd, received):  # train_local has set received.param_names
-        return NaiveFedGF(sgd, {"sam-rho": cfg.sam_rho}, received)
+    real_build_part = training.build_part
 
-    monkeypatch.setattr(training, "build_local_optimizer", naive)
+    def naive(kind, values, context):  # train_local has set received.param_names
+        if kind != "local-optimizer":
+            return real_build_part(kind, values, context)
+        return NaiveFedGF(context.sgd, {"sam-rho": cfg.sam_rho}, context.received)
+
+    monkeypatch.setattr(training, "build_part", naive)
     ref = _round(cfg, received)
     for (name, a), b in zip(app.state_dict().items(), ref.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-9, msg=name)
@@ -233,7 +238,7 @@ def test_fedgf_composes_with_the_objective(method, monkeypatch, request):
 
 def _server(**over):
     cfg = RunConfig(local_optimizer="fedgf", **over)
-    return FedGFServer(get_part("local-optimizer", "fedgf").params(cfg.to_flower()))
+    return FedGFServer(get_part("local-optimizer", "fedgf").params(cfg.to_flower()), PartContext(run=cfg))
 
 
 def test_server_hand_check():

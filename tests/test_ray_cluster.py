@@ -9,12 +9,12 @@ from contextlib import closing
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
-from fedvls_flwr.app import protocol
+from fedvls_flwr.app import keys
 from fedvls_flwr.app.client import query_round, where_it_runs
 from fedvls_flwr.app.ray_address import check_cluster_settings, check_ray_address, federation_conflicts
 from fedvls_flwr.app.results import summarize
 from fedvls_flwr.app.server import _devices_text, count_by
-from fedvls_flwr.app.strategy import CheckedFedAvg
+from fedvls_flwr.app.strategy import RunStrategy
 from fedvls_flwr.config.run_config import RunConfig
 from fedvls_flwr.ops.processes import free_port
 from tests.test_strategy import GLOBAL, reply, run_identity  # noqa: F401 - the fixture is used by name
@@ -39,18 +39,18 @@ def test_a_client_in_a_ray_actor_names_its_ray_node_else_its_host(monkeypatch):
 
 def test_replies_carry_the_node_next_to_the_device(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", fake_ray(True, "beef"))
-    info = query_round(RecordDict(), {"partition-id": 1, "num-partitions": 2})[protocol.CLIENT_INFO]
-    assert info[protocol.NODE] == "ray:beef" and str(info[protocol.DEVICE]).startswith(("cpu", "cuda"))
+    info = query_round(RecordDict(), {"partition-id": 1, "num-partitions": 2})[keys.CLIENT_INFO]
+    assert info[keys.NODE] == "ray:beef" and str(info[keys.DEVICE]).startswith(("cpu", "cuda"))
 
 
 def with_info(node: int, ran_on: str):
     msg = reply(node, {k: np.ones_like(v) for k, v in GLOBAL.items()}, 10, **{"train-loss": 1.0})
-    msg.content[protocol.CLIENT_INFO] = ConfigRecord({protocol.DEVICE: "cpu", protocol.NODE: ran_on})
+    msg.content[keys.CLIENT_INFO] = ConfigRecord({keys.DEVICE: "cpu", keys.NODE: ran_on})
     return msg
 
 
 def test_the_round_counts_accepted_replies_per_node_and_the_summary_over_the_run():
-    strategy = CheckedFedAvg(RunConfig())
+    strategy = RunStrategy(RunConfig())
     strategy.report.sampled = 4
     replies = [with_info(1, "ray:head"), with_info(2, "ray:worker"), with_info(3, "ray:head"),
                reply(4, error="ray actor died")]
@@ -68,11 +68,11 @@ def test_the_round_counts_accepted_replies_per_node_and_the_summary_over_the_run
 
 
 def test_a_reply_without_the_node_says_its_device_only():
-    strategy = CheckedFedAvg(RunConfig())
+    strategy = RunStrategy(RunConfig())
     strategy.report.sampled = 1
     msg = reply(1, {k: np.ones_like(v) for k, v in GLOBAL.items()}, 10)
-    msg.content[protocol.CLIENT_INFO] = ConfigRecord({protocol.DEVICE: "cpu"})
-    msg.content[protocol.ARRAYS] = ArrayRecord({k: Array(np.ones_like(v)) for k, v in GLOBAL.items()})
+    msg.content[keys.CLIENT_INFO] = ConfigRecord({keys.DEVICE: "cpu"})
+    msg.content[keys.ARRAYS] = ArrayRecord({k: Array(np.ones_like(v)) for k, v in GLOBAL.items()})
     strategy.aggregate_train(1, [msg], GLOBAL)
     assert "ran_on" not in strategy.report.clients[0] and count_by(strategy.report.clients, "ran_on") == {}
 

@@ -19,10 +19,10 @@ from flwr.app.metadata import Metadata
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedvls_flwr.app import results
-from fedvls_flwr.app.protocol import ARRAYS as ARRAYS_KEY
-from fedvls_flwr.app.protocol import CONFIG as CONFIG_KEY
-from fedvls_flwr.app.protocol import METRICS as METRICS_KEY
-from fedvls_flwr.app.protocol import NUM_EXAMPLES, SERVER_ROUND, TRAIN_LOSS
+from fedvls_flwr.app.keys import ARRAYS as ARRAYS_KEY
+from fedvls_flwr.app.keys import CONFIG as CONFIG_KEY
+from fedvls_flwr.app.keys import METRICS as METRICS_KEY
+from fedvls_flwr.app.keys import NUM_EXAMPLES, SERVER_ROUND, TRAIN_LOSS
 from fedvls_flwr.app.results import RunFolderError, load_checkpoint, read_rounds
 from fedvls_flwr.app.server import ResultsWriteError, _resume_point, run_experiment
 from fedvls_flwr.config.run_config import ConfigError, RunConfig

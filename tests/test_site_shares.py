@@ -10,7 +10,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from fedvls_flwr.algorithms.run_model import build_run_model
-from fedvls_flwr.app import protocol
+from fedvls_flwr.app import keys
 from fedvls_flwr.app.client import train_round
 from fedvls_flwr.app.site_counts import KnownClassCounts, with_mean_vacant
 from fedvls_flwr.config.registry import KINDS, site_shares
@@ -25,25 +25,25 @@ def reply_metrics(method: str, **extra: object) -> dict:
     torch.manual_seed(0)
     model = build_run_model(cfg, (1, 8, 8), 10)
     content = RecordDict({
-        protocol.ARRAYS: ArrayRecord(model.state_dict()),
-        protocol.CONFIG: ConfigRecord({**cfg.to_flower(), protocol.SERVER_ROUND: 1}),
+        keys.ARRAYS: ArrayRecord(model.state_dict()),
+        keys.CONFIG: ConfigRecord({**cfg.to_flower(), keys.SERVER_ROUND: 1}),
     })
     reply = train_round(content, {"partition-id": 1, "num-partitions": 4})
-    return dict(reply.metric_records[protocol.METRICS])
+    return dict(reply.metric_records[keys.METRICS])
 
 
 @pytest.mark.parametrize("method", ["fedavg", "fedlc", "fedntd", "fedvls"])
 def test_a_training_reply_carries_no_label_distribution_by_default(method):
     metrics = reply_metrics(method)
-    assert protocol.NUM_EXAMPLES in metrics and protocol.TRAIN_LOSS in metrics
-    assert protocol.CLASS_COUNTS not in metrics and protocol.NUM_VACANT not in metrics
+    assert keys.NUM_EXAMPLES in metrics and keys.TRAIN_LOSS in metrics
+    assert keys.CLASS_COUNTS not in metrics and keys.NUM_VACANT not in metrics
 
 
 def test_share_class_counts_sends_the_sites_counts():
     metrics = reply_metrics("fedvls", **{"share-class-counts": True})
     held = torch.bincount(client_data(parse_run_config(RUN), 1, 4).y, minlength=10).tolist()
-    assert list(metrics[protocol.CLASS_COUNTS]) == held
-    assert metrics[protocol.NUM_VACANT] == held.count(0) > 0
+    assert list(metrics[keys.CLASS_COUNTS]) == held
+    assert metrics[keys.NUM_VACANT] == held.count(0) > 0
 
 
 def test_only_fedconcat_declares_a_site_statistic():

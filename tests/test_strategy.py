@@ -8,11 +8,11 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRec
 from flwr.app.metadata import Metadata
 from flwr.supercore.task_identity import TaskIdentity
 
+from fedvls_flwr.app.keys import ARRAYS as ARRAYS_KEY
+from fedvls_flwr.app.keys import CONFIG as CONFIG_KEY
+from fedvls_flwr.app.keys import METRICS as METRICS_KEY
 from fedvls_flwr.app.messages import to_numpy_dict
-from fedvls_flwr.app.protocol import ARRAYS as ARRAYS_KEY
-from fedvls_flwr.app.protocol import CONFIG as CONFIG_KEY
-from fedvls_flwr.app.protocol import METRICS as METRICS_KEY
-from fedvls_flwr.app.strategy import CheckedFedAvg, RoundFailedError
+from fedvls_flwr.app.strategy import RoundFailedError, RunStrategy
 from fedvls_flwr.config.run_config import RunConfig
 from tests.fake_grid import FakeGridBase
 
@@ -45,7 +45,7 @@ def arrays(value: float) -> dict:
 
 
 def test_weighted_average_over_accepted_replies_malformed_and_nan_rejected():
-    strategy = CheckedFedAvg(RunConfig())
+    strategy = RunStrategy(RunConfig())
     strategy.report.sampled = 5
     replies = [
         reply(1, arrays(1.0), 10, **{"train-loss": 1.0}),
@@ -90,7 +90,7 @@ def test_round_config_carries_round_and_hyperparameters():
     cfg = RunConfig(method="fedntd", lr=0.05, num_server_rounds=2)
     grid = FakeGrid([11, 12], good)
     seen = []
-    CheckedFedAvg(cfg).run(grid, initial(), on_round_end=lambda r, a, rep: seen.append(r))
+    RunStrategy(cfg).run(grid, initial(), on_round_end=lambda r, a, rep: seen.append(r))
     assert seen == [1, 2]
     config = grid.sent[1][0].content[CONFIG_KEY]
     assert config["server-round"] == 2 and config["method"] == "fedntd" and config["lr"] == 0.05
@@ -98,9 +98,9 @@ def test_round_config_carries_round_and_hyperparameters():
 
 def test_seeded_partial_participation():
     nodes = list(range(100, 110))
-    a = CheckedFedAvg(RunConfig(fraction_train=0.3, seed=1))
-    b = CheckedFedAvg(RunConfig(fraction_train=0.3, seed=1))
-    c = CheckedFedAvg(RunConfig(fraction_train=0.3, seed=2))
+    a = RunStrategy(RunConfig(fraction_train=0.3, seed=1))
+    b = RunStrategy(RunConfig(fraction_train=0.3, seed=1))
+    c = RunStrategy(RunConfig(fraction_train=0.3, seed=2))
     assert len(a.sample(nodes, 1)) == 3
     assert a.sample(nodes, 1) == b.sample(nodes, 1) == b.sample(list(reversed(nodes)), 1)
     assert a.sample(nodes, 1) != a.sample(nodes, 2) or a.sample(nodes, 1) != c.sample(nodes, 1)
@@ -112,7 +112,7 @@ def test_failing_client_is_dropped_and_the_round_completes():
 
     reports = []
     cfg = RunConfig(num_server_rounds=1, min_fit_fraction=0.5)
-    final = CheckedFedAvg(cfg).run(FakeGrid([11, 12, 13], respond), initial(), on_round_end=lambda r, a, rep: reports.append(rep))
+    final = RunStrategy(cfg).run(FakeGrid([11, 12, 13], respond), initial(), on_round_end=lambda r, a, rep: reports.append(rep))
     assert reports[0].accepted == 2 and len(reports[0].failed) == 1 and reports[0].attempts == 1
     np.testing.assert_allclose(to_numpy_dict(final)["w"], np.full((2, 2), 12.0))
 
@@ -120,7 +120,7 @@ def test_failing_client_is_dropped_and_the_round_completes():
 @pytest.mark.parametrize(("fraction", "sampled", "needed"),
                          [(0.5, 3, 2), (0.75, 4, 3), (0.3, 10, 3), (1.0, 4, 4), (0.0, 5, 1), (0.5, 1, 1)])
 def test_min_replies_is_the_ceiling_of_the_fraction_and_at_least_one(fraction, sampled, needed):
-    assert CheckedFedAvg(RunConfig(min_fit_fraction=fraction)).min_replies(sampled) == needed
+    assert RunStrategy(RunConfig(min_fit_fraction=fraction)).min_replies(sampled) == needed
 
 
 def test_some_usable_replies_but_fewer_than_min_fit_fraction_are_not_a_round():
@@ -131,7 +131,7 @@ def test_some_usable_replies_but_fewer_than_min_fit_fraction_are_not_a_round():
 
     reports = []
     cfg = RunConfig(num_server_rounds=1, min_fit_fraction=0.75, round_retries=1, round_timeout=0.2)
-    final = CheckedFedAvg(cfg).run(FakeGrid([11, 12, 13, 14], two_fail_first), initial(),
+    final = RunStrategy(cfg).run(FakeGrid([11, 12, 13, 14], two_fail_first), initial(),
                                    on_round_end=lambda r, a, rep: reports.append(rep))
     assert reports[0].attempts == 2 and reports[0].accepted == 4
     np.testing.assert_allclose(to_numpy_dict(final)["w"], np.full((2, 2), 12.5))  # the second attempt's average
@@ -140,7 +140,7 @@ def test_some_usable_replies_but_fewer_than_min_fit_fraction_are_not_a_round():
         return reply(node, error="ValueError: boom") if node == 14 else good(node, attempt)
 
     reports.clear()
-    final = CheckedFedAvg(cfg).run(FakeGrid([11, 12, 13, 14], one_fails), initial(),
+    final = RunStrategy(cfg).run(FakeGrid([11, 12, 13, 14], one_fails), initial(),
                                    on_round_end=lambda r, a, rep: reports.append(rep))
     assert reports[0].attempts == 1 and reports[0].accepted == 3  # exactly the 3 needed
     np.testing.assert_allclose(to_numpy_dict(final)["w"], np.full((2, 2), 12.0))
@@ -150,7 +150,7 @@ def test_some_usable_replies_but_fewer_than_min_fit_fraction_are_not_a_round():
 
     grid = FakeGrid([11, 12, 13, 14], two_always_fail)
     with pytest.raises(RoundFailedError, match=r"round 1 failed 2 time\(s\): fewer than min-fit-fraction = 0.75"):
-        CheckedFedAvg(cfg).run(grid, initial(), on_round_end=lambda *a: None)
+        RunStrategy(cfg).run(grid, initial(), on_round_end=lambda *a: None)
     assert grid.calls == 2
 
 
@@ -160,12 +160,12 @@ def test_too_few_replies_retries_then_stops_with_a_clear_error():
 
     reports = []
     cfg = RunConfig(num_server_rounds=1, min_fit_fraction=1.0, round_retries=1, round_timeout=0.2)
-    CheckedFedAvg(cfg).run(FakeGrid([11, 12], respond), initial(), on_round_end=lambda r, a, rep: reports.append(rep))
+    RunStrategy(cfg).run(FakeGrid([11, 12], respond), initial(), on_round_end=lambda r, a, rep: reports.append(rep))
     assert reports[0].attempts == 2 and reports[0].accepted == 2 and len(reports[0].failed) == 2
 
     never = FakeGrid([11, 12], lambda n, a: None)
     with pytest.raises(RoundFailedError, match="min-fit-fraction"):
-        CheckedFedAvg(RunConfig(num_server_rounds=1, round_retries=2, round_timeout=0.2)).run(
+        RunStrategy(RunConfig(num_server_rounds=1, round_retries=2, round_timeout=0.2)).run(
             never, initial(), on_round_end=lambda *a: None)
     assert never.calls == 3
 
@@ -182,13 +182,13 @@ def test_min_nodes_is_a_start_condition_not_a_per_round_one():
             grid.nodes.remove(13)  # node 13 vanished
 
     cfg = RunConfig(num_server_rounds=3, min_nodes=3)
-    CheckedFedAvg(cfg).run(grid, initial(), on_round_end=on_round_end)
+    RunStrategy(cfg).run(grid, initial(), on_round_end=on_round_end)
     assert sampled == [3, 2, 2]
 
 
 def test_a_federation_with_no_node_left_stops_after_round_timeout():
     grid = FakeGrid([11], good)
-    strategy = CheckedFedAvg(RunConfig(num_server_rounds=2, min_nodes=1, round_timeout=1.0))
+    strategy = RunStrategy(RunConfig(num_server_rounds=2, min_nodes=1, round_timeout=1.0))
     with pytest.raises(RoundFailedError, match="no node has been connected"):
         strategy.run(grid, initial(), on_round_end=lambda r, a, rep: grid.nodes.clear())
 
@@ -198,7 +198,7 @@ def test_nan_reply_keeps_the_global_model_finite():
         bad = {k: np.full_like(v, np.nan) for k, v in GLOBAL.items()}
         return reply(node, bad if node == 11 else arrays(2.0), 10)
 
-    final = CheckedFedAvg(RunConfig(num_server_rounds=1)).run(
+    final = RunStrategy(RunConfig(num_server_rounds=1)).run(
         FakeGrid([11, 12], respond), initial(), on_round_end=lambda *a: None
     )
     assert all(np.isfinite(v).all() for v in to_numpy_dict(final).values())
@@ -253,7 +253,7 @@ def test_replies_are_collected_often_and_missing_ones_after_the_timeout():
     from fedvls_flwr.app import messages as S
 
     grid = FakeGrid([11, 12], lambda node, attempt: reply(node, arrays(1.0), 10) if node == 11 else None)
-    messages = list(CheckedFedAvg(RunConfig()).configure_train(1, initial(), ConfigRecord(), grid))
+    messages = list(RunStrategy(RunConfig()).configure_train(1, initial(), ConfigRecord(), grid))
     t0 = time.monotonic()
     replies = S.exchange(grid, messages, timeout=0.3, interval=S.SIMULATION_PULL_INTERVAL)
     assert [r.metadata.src_node_id for r in replies] == [11]  # 12 never answered
@@ -278,7 +278,7 @@ def test_aggregated_record_round_trips_0d_integer_buffers_across_rounds():
     through the ArrayRecord the strategy broadcasts, is the reference the next round's
     replies are checked against; every reply of every round must be accepted."""
     layout = {"w": np.zeros((2, 2), np.float32), "bn.num_batches_tracked": np.array(0, np.int64)}
-    strategy = CheckedFedAvg(RunConfig())
+    strategy = RunStrategy(RunConfig())
     reference = layout
     for server_round in (1, 2, 3):
         strategy.report.sampled = 2
@@ -330,7 +330,7 @@ def test_partial_participation_samples_the_same_partitions_whatever_the_node_ids
         partition_of = {node: pid for pid, node in enumerate(node_ids)}
         grid = PartitionGrid(partition_of, good)
         rounds = []
-        CheckedFedAvg(cfg).run(grid, initial(), on_round_end=lambda r, a, rep, rounds=rounds, of=partition_of: (
+        RunStrategy(cfg).run(grid, initial(), on_round_end=lambda r, a, rep, rounds=rounds, of=partition_of: (
             rounds.append(sorted(of[n] for n in rep.sampled_nodes))))
         assert sum(1 for batch in grid.sent if batch[0].metadata.message_type == "query") == 1  # asked once
         picked.append(rounds)
@@ -349,7 +349,7 @@ def test_failures_name_the_partition_of_the_node():
         return reply(node, arrays(1.0), 10, **{"partition-id": node - 10})
 
     reports = []
-    CheckedFedAvg(cfg).run(FakeGrid([11, 12, 13], respond), initial(), on_round_end=lambda r, a, rep: reports.append(rep))
+    RunStrategy(cfg).run(FakeGrid([11, 12, 13], respond), initial(), on_round_end=lambda r, a, rep: reports.append(rep))
     failed = {f["node"]: f for f in reports[1].failed}
     assert failed["12"]["partition_id"] == 2 and "boom" in failed["12"]["reason"]
     assert failed["13"]["partition_id"] == 3 and "no reply" in failed["13"]["reason"]
@@ -358,7 +358,7 @@ def test_failures_name_the_partition_of_the_node():
 def test_train_messages_go_out_largest_client_first_once_sizes_are_known():
     sizes = {11: 10, 12: 300, 13: 50}
     grid = FakeGrid(list(sizes), lambda node, attempt: reply(node, arrays(1.0), sizes[node]))
-    CheckedFedAvg(RunConfig(num_server_rounds=2)).run(grid, initial(), on_round_end=lambda *a: None)
+    RunStrategy(RunConfig(num_server_rounds=2)).run(grid, initial(), on_round_end=lambda *a: None)
     assert [m.metadata.dst_node_id for m in grid.sent[1]] == [12, 13, 11]
 
 
@@ -370,7 +370,7 @@ def test_average_does_not_depend_on_the_order_replies_arrive_in():
     clients = [(11 + i, np.full(3, v), 1.0) for i, v in enumerate(values)]
 
     def aggregate(order):
-        strategy = CheckedFedAvg(RunConfig())
+        strategy = RunStrategy(RunConfig())
         strategy.report.sampled = len(order)
         replies = [reply(n, {"w": w}, size, **{"partition-id": n - 11}) for n, w, size in order]
         return to_numpy_dict(strategy.aggregate_train(1, replies, ref)[0])["w"]
@@ -398,7 +398,7 @@ def test_an_error_reply_from_flower_is_counted_once_for_the_node_it_is_about():
             return out
 
     reports = []
-    CheckedFedAvg(RunConfig(num_server_rounds=1, min_fit_fraction=0.3)).run(
+    RunStrategy(RunConfig(num_server_rounds=1, min_fit_fraction=0.3)).run(
         FlowerErrorGrid([11, 12, 13], None), initial(), on_round_end=lambda r, a, rep: reports.append(rep))
     (failure,) = reports[0].failed
     assert failure["node"] == "12" and "unavailable" in failure["reason"]
@@ -415,7 +415,7 @@ def test_more_min_nodes_than_a_simulation_has_fails_at_once(monkeypatch):
     grid = FakeGrid([11, 12, 13, 14], good)
     t0 = time.monotonic()
     with pytest.raises(RoundFailedError) as err:
-        CheckedFedAvg(RunConfig(num_server_rounds=1, min_nodes=6)).run(grid, initial(), on_round_end=lambda *a: None)
+        RunStrategy(RunConfig(num_server_rounds=1, min_nodes=6)).run(grid, initial(), on_round_end=lambda *a: None)
     assert time.monotonic() - t0 < 5
     assert "min-nodes = 6 but this simulation has 4 SuperNode(s)" in str(err.value)
     assert "num-supernodes=6" in str(err.value) and "min-nodes=4" in str(err.value)
@@ -437,7 +437,7 @@ def test_a_deployment_short_of_min_nodes_fails_after_min_nodes_timeout_naming_th
     grid = PartitionGrid({901: 0, 455: 2, 17: 3}, good)
     cfg = RunConfig(num_server_rounds=1, min_nodes=5, min_nodes_timeout=1.0)
     with pytest.raises(RoundFailedError) as err:
-        CheckedFedAvg(cfg).run(grid, initial(), on_round_end=lambda *a: None)
+        RunStrategy(cfg).run(grid, initial(), on_round_end=lambda *a: None)
     text = str(err.value)
     assert "only 3 of min-nodes = 5 SuperNodes connected within min-nodes-timeout = 1 s" in text
     assert "partition id(s) 0, 2, 3" in text and "the missing ones are 1, 4" in text
@@ -451,7 +451,7 @@ def test_two_supernodes_of_one_partition_are_not_averaged_twice():
         return reply(node, arrays(1.0), 10, **{"partition-id": {11: 0, 12: 1, 13: 1}[node]})
 
     reports = []
-    CheckedFedAvg(RunConfig(num_server_rounds=1)).run(
+    RunStrategy(RunConfig(num_server_rounds=1)).run(
         FakeGrid([11, 12, 13], respond), initial(), on_round_end=lambda r, a, rep: reports.append(rep))
     assert reports[0].accepted == 2 and len(reports[0].rejected) == 1
     rejected = reports[0].rejected[0]

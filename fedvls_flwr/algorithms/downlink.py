@@ -12,7 +12,8 @@ the part:
 * shows it, after every round, the weights it sent, the new global model and the accepted
   replies (:meth:`ServerCompanion.observe`);
 * checkpoints its state with the global model (:meth:`ServerCompanion.state` /
-  :meth:`ServerCompanion.load_state`), so a resumed run continues with the same values.
+  :meth:`ServerCompanion.load_state`, as every :class:`fedvls_flwr.algorithms.parts.ServerPart`),
+  so a resumed run continues with the same values.
 
 Plain numpy on the server and torch on the client; no Flower import.
 """
@@ -21,14 +22,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
 
 from fedvls_flwr.algorithms.aggregation import ArrayDict, Reply
+from fedvls_flwr.algorithms.parts import ServerPart
 
-__all__ = ["Downlink", "Received", "ServerCompanion", "build_companions", "merge_downlinks"]
+__all__ = ["Downlink", "Received", "ServerCompanion", "merge_downlinks"]
 
 
 @dataclass
@@ -56,11 +57,8 @@ class Received:
     param_names: list[str] = field(default_factory=list)
 
 
-class ServerCompanion:
-    """Base class of the server side of a part; the default sends and keeps nothing."""
-
-    def __init__(self, params: Mapping[str, Any]) -> None:
-        self.params = dict(params)
+class ServerCompanion(ServerPart):
+    """The server side of a client part; the default sends nothing and observes nothing."""
 
     def downlink(self, server_round: int, global_arrays: ArrayDict) -> Downlink:
         """What to send with ``global_arrays`` in ``server_round``."""
@@ -68,29 +66,6 @@ class ServerCompanion:
 
     def observe(self, server_round: int, sent: ArrayDict, new_global: ArrayDict, replies: list[Reply]) -> None:
         """The round is over: ``sent`` was broadcast, ``new_global`` is the next global model."""
-
-    def report(self) -> dict[str, float]:
-        """Numbers for the round's rounds.jsonl record, read after ``observe``, so that a
-        user can follow the server side's state (FedGF's D and c) round by round."""
-        return {}
-
-    def state(self) -> ArrayDict:
-        """Arrays to checkpoint (empty when the companion keeps no state)."""
-        return {}
-
-    def load_state(self, state: ArrayDict) -> None:
-        if state:
-            raise ValueError(f"{type(self).__name__} keeps no state, got {sorted(state)[:3]}")
-
-
-def build_companions(values: Mapping[str, Any]) -> dict[str, ServerCompanion]:
-    """The server companions of a run's parts (part name -> companion), from a run config."""
-    from fedvls_flwr.config.registry import run_parts
-
-    return {
-        part.name: part.load_server()(part.params(values))
-        for part in run_parts(values).values() if part.server is not None
-    }
 
 
 def merge_downlinks(downlinks: Mapping[str, Downlink]) -> Downlink:

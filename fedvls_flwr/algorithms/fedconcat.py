@@ -20,10 +20,11 @@ A protocol in stages (docs/methods.md, "FedConcat"):
    Each node gets the K encoders once (kept in its state across rounds); a node that joins
    late, or lost its state, gets them with its next message.
 
-State (one flat dict of arrays): ``fedconcat/assignment`` (cluster per partition id, -1 for
-unknown), ``fedconcat/encoder-rounds`` (E, fixed when the run starts: a run resumed with
-another ``num-server-rounds`` keeps its stage boundary), ``cluster<k>/<model key>`` in stage 1; ``encoder<k>/<model key>`` and
-``head/weight``, ``head/bias`` from the end of round E on.
+Round state (one flat dict of arrays): ``fedconcat/assignment`` (cluster per partition id, -1
+for unknown), ``cluster<k>/<model key>`` in stage 1; ``encoder<k>/<model key>`` and
+``head/weight``, ``head/bias`` from the end of round E on. The protocol's own state (the
+checkpoint's ``protocol/encoder-rounds``) is E, fixed when the run starts: a run resumed with
+another ``num-server-rounds`` keeps its stage boundary.
 
 Differences from the authors' code, on purpose: every cluster starts from a deep copy of
 the same initial model (their list of state dicts shares client 0's tensors, so a cluster
@@ -36,7 +37,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -44,15 +45,19 @@ import torch
 from torch import nn
 
 from fedvls_flwr.algorithms.aggregation import ArrayDict, Reply, weighted_average
-from fedvls_flwr.algorithms.rounds import Assignment, RoundProtocol
+from fedvls_flwr.algorithms.parts import PartContext
+from fedvls_flwr.algorithms.rounds import Assignment, ClientOutcome, ClientRound, RoundProtocol, train_as_usual
 from fedvls_flwr.algorithms.sgd import LocalSGD
+from fedvls_flwr.algorithms.training import TrainResult
+from fedvls_flwr.config.protocol_rules import fedconcat_assignment
 from fedvls_flwr.config.settings import ConfigError
+from fedvls_flwr.data.augment import make_batch_transform
 from fedvls_flwr.models import FeatureTap, classifier_of
 
-__all__ = ["FedConcat", "ConcatModel", "cluster_sites", "encoder_rounds", "parse_assignment"]
+__all__ = ["FedConcat", "ConcatModel", "cluster_sites", "encoder_rounds"]
 
 ASSIGNMENT = "fedconcat/assignment"
-ENCODER_ROUNDS = "fedconcat/encoder-rounds"
+ENCODER_ROUNDS = "encoder-rounds"  # the protocol's own state (the checkpoint's protocol/encoder-rounds)
 HEAD_WEIGHT, HEAD_BIAS = "head/weight", "head/bias"
 STAGE = "fedconcat-stage"  # message config: 1 or 2
 CLUSTER = "fedconcat-cluster"  # message config (stage 1): the node's cluster
@@ -65,20 +70,6 @@ def encoder_rounds(num_rounds: int, setting: int) -> int:
     if setting > 0:
         return setting
     return min(num_rounds - 1, max(1, round(num_rounds / 21)))
-
-
-def parse_assignment(text: str, clusters: int) -> list[int]:
-    """``"0,1,0,1"``: the cluster of partition 0, 1, 2, ... (the setting ``fedconcat-assignment``)."""
-    try:
-        out = [int(v) for v in text.replace(" ", "").split(",")]
-    except ValueError:
-        raise ValueError(f"fedconcat-assignment must be comma-separated cluster numbers, one per partition id "
-                         f"(e.g. '0,1,0,1'), got {text!r}") from None
-    bad = sorted({v for v in out if not 0 <= v < clusters})
-    if bad:
-        raise ValueError(f"fedconcat-assignment names cluster(s) {bad}; with fedconcat-clusters = {clusters} "
-                         f"they are 0..{clusters - 1}")
-    return out
 
 
 def cluster_sites(distributions: np.ndarray, clusters: int, seed: int) -> np.ndarray:
@@ -145,10 +136,11 @@ def _concat_model(model: nn.Module, encoders: Mapping[int, Mapping[str, torch.Te
 class FedConcat(RoundProtocol):
     single_model = False
 
-    def __init__(self, params: Mapping[str, Any], cfg: Any) -> None:
-        super().__init__(params, cfg)
+    def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
+        super().__init__(params, context)
         self.clusters = int(params["fedconcat-clusters"])
-        self.encoder_rounds = encoder_rounds(cfg.num_server_rounds, int(params["fedconcat-encoder-rounds"]))
+        self.encoder_rounds = encoder_rounds(self.cfg.num_server_rounds, int(params["fedconcat-encoder-rounds"]))
+        self.head_steps = int(params["fedconcat-head-steps"])
         self.head_init = str(params["fedconcat-head-init"])
         self.assignment_setting = str(params["fedconcat-assignment"])
         self._has_encoders: set[int] = set()  # nodes that hold the frozen encoders (this server's life)
@@ -169,7 +161,7 @@ class FedConcat(RoundProtocol):
 
     def initial_state(self, model_arrays: ArrayDict, site_stats: Mapping[int, Mapping[str, list[int]]]) -> ArrayDict:
         if self.assignment_setting:
-            assignment = np.asarray(parse_assignment(self.assignment_setting, self.clusters), np.int64)
+            assignment = np.asarray(fedconcat_assignment(self.assignment_setting), np.int64)
         else:
             partitions = sorted(site_stats)
             counts = np.asarray([site_stats[p]["class-counts"] for p in partitions], np.float64)
@@ -181,16 +173,19 @@ class FedConcat(RoundProtocol):
             labels = cluster_sites(distributions, self.clusters, self.cfg.seed)
             assignment = np.full(max(partitions) + 1, -1, np.int64)
             assignment[partitions] = labels
-        state: ArrayDict = {ASSIGNMENT: assignment, ENCODER_ROUNDS: np.asarray([self.encoder_rounds], np.int64)}
+        state: ArrayDict = {ASSIGNMENT: assignment}
         for k in range(self.clusters):  # every cluster starts from (a copy of) the same weights
             state.update(_prefixed(f"cluster{k}/", {name: v.copy() for name, v in model_arrays.items()}))
         return state
 
-    def restore(self, state: ArrayDict) -> None:
+    def state(self) -> ArrayDict:
+        return {ENCODER_ROUNDS: np.asarray([self.encoder_rounds], np.int64)}
+
+    def load_state(self, state: ArrayDict) -> None:
         """Stage 1 keeps the length it had when the run started: ``num-server-rounds`` may change
         on resume (more or fewer head rounds), the boundary may not."""
         if ENCODER_ROUNDS not in state:
-            return  # a checkpoint written before the boundary was saved: the setting's split
+            return  # nothing saved: the setting's split
         saved = int(np.asarray(state[ENCODER_ROUNDS]).reshape(-1)[0])
         if self.cfg.num_server_rounds <= saved:
             raise ConfigError(
@@ -247,7 +242,7 @@ class FedConcat(RoundProtocol):
         (seeded, so a resumed run draws the same one)."""
         if self._model is None:
             raise RuntimeError("FedConcat needs the run's model (bind_model) before stage 2")
-        out: ArrayDict = {k: state[k] for k in (ASSIGNMENT, ENCODER_ROUNDS) if k in state}
+        out: ArrayDict = {ASSIGNMENT: state[ASSIGNMENT]}
         for k in range(self.clusters):
             out.update(_prefixed(f"encoder{k}/", _unprefixed(f"cluster{k}/", state)))
         classifier = classifier_of(self._model)
@@ -295,22 +290,17 @@ class FedConcat(RoundProtocol):
         }
 
     # ---- client -------------------------------------------------------------------
-    @classmethod
-    def client_train(
-        cls, arrays: Mapping[str, torch.Tensor], config: Mapping[str, Any], cfg: Any, data: Any,
-        model_factory: Callable[[], nn.Module], kept: Any, device: torch.device, generator: torch.Generator,
-    ) -> tuple[dict[str, torch.Tensor], Any] | None:
-        if int(config.get(STAGE, 1)) != 2:
-            return None  # stage 1: ordinary local training of the cluster's model
-        from fedvls_flwr.algorithms.training import TrainResult
-        from fedvls_flwr.data.augment import make_batch_transform
-
+    def client_train(self, step: ClientRound) -> ClientOutcome:
+        """Stage 1: the ordinary local training of the cluster's model. Stage 2: the head, over
+        the frozen encoders the node keeps."""
+        if int(step.config.get(STAGE, 1)) != 2:
+            return train_as_usual(step)
+        arrays = step.arrays
         received: dict[str, torch.Tensor] | None = {k: v for k, v in arrays.items() if k.startswith("encoder")}
         if received:
-            if kept is not None:
-                kept.put(KEPT_ENCODERS, received)
+            step.kept.put(KEPT_ENCODERS, received)
         else:
-            received = kept.get(KEPT_ENCODERS) if kept is not None else None
+            received = step.kept.get(KEPT_ENCODERS)
             if not received:
                 raise RuntimeError("FedConcat stage 2: this node holds no frozen encoders (they come once per node, "
                                    "and its state was lost, e.g. a restarted SuperNode); the server sends them again "
@@ -318,14 +308,15 @@ class FedConcat(RoundProtocol):
         clusters = sorted({int(k.split("/", 1)[0][len("encoder"):]) for k in received})
         encoders = {k: _unprefixed(f"encoder{k}/", received) for k in clusters}
         head = {"weight": arrays[HEAD_WEIGHT], "bias": arrays[HEAD_BIAS]}
-        model = _concat_model(model_factory(), encoders, head, device)
+        device, cfg, data = step.device, step.cfg, step.data
+        model = _concat_model(step.model_factory(), encoders, head, device)
         model.train()
         x, y = data.x, data.y
         n = int(x.shape[0])
-        transform = make_batch_transform(data.mean, data.std, train=True, augment=cfg.augment, generator=generator)
+        transform = make_batch_transform(data.mean, data.std, train=True, augment=cfg.augment, generator=step.generator)
         sgd = LocalSGD(model.head.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-        order = torch.randperm(n, generator=generator)
-        steps = min(int(cfg.fedconcat_head_steps), math.ceil(n / cfg.batch_size))
+        order = torch.randperm(n, generator=step.generator)
+        steps = min(self.head_steps, math.ceil(n / cfg.batch_size))
         loss_sum, seen = torch.zeros((), device=device), 0
         for s in range(steps):
             idx = order[s * cfg.batch_size:(s + 1) * cfg.batch_size]
@@ -343,4 +334,4 @@ class FedConcat(RoundProtocol):
         result = TrainResult(num_examples=seen, loss=mean_loss, terms={"head-ce": mean_loss},
                              num_vacant=int((counts == 0).sum()), class_counts=[int(c) for c in counts.tolist()], steps=steps)
         weights = {HEAD_WEIGHT: model.head.weight.detach().cpu(), HEAD_BIAS: model.head.bias.detach().cpu()}
-        return weights, result
+        return ClientOutcome(weights, result)

@@ -34,8 +34,8 @@ import torch
 
 from fedvls_flwr.algorithms.aggregation import ArrayDict, Reply
 from fedvls_flwr.algorithms.downlink import Downlink, Received, ServerCompanion
-from fedvls_flwr.algorithms.local_optim import Closure, sam_ascent
-from fedvls_flwr.algorithms.sgd import LocalSGD
+from fedvls_flwr.algorithms.local_optim import Closure, driven_sgd, sam_ascent
+from fedvls_flwr.algorithms.parts import PartContext
 
 __all__ = ["FedGFStep", "FedGFServer"]
 
@@ -50,10 +50,10 @@ class FedGFStep:
     gradient, so no rounding of (w + e) - e enters the step.
     """
 
-    def __init__(self, sgd: LocalSGD, params: Mapping[str, Any], received: Received | None = None) -> None:
-        self.sgd = sgd
+    def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
+        self.sgd = sgd = driven_sgd(context)
         self.rho = float(params["sam-rho"])
-        received = received if received is not None else Received()
+        received = context.received if context.received is not None else Received()
         self.c = float(received.values.get("c", 0.0))
         self.target: list[torch.Tensor] | None = None
         if received.arrays and self.c != 0.0:
@@ -116,8 +116,8 @@ class FedGFServer(ServerCompanion):
     ``last_divergence`` is the latest D; each round reports it with the c its clients used.
     """
 
-    def __init__(self, params: Mapping[str, Any]) -> None:
-        super().__init__(params)
+    def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
+        super().__init__(params, context)
         self.rho_g = float(params["fedgf-rho-g"])
         self.fixed_c = float(params["fedgf-c"])
         self.adaptive = params["fedgf-c-mode"] == "adaptive"

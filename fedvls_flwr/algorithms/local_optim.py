@@ -1,9 +1,10 @@
 """Local optimizers: how a client turns its objective's gradients into steps
 (run-config ``local-optimizer``). Every local objective works with every one of them.
 
-Each is built from the SGD update, its settings and what the server sent it besides the
-weights (:class:`fedvls_flwr.algorithms.downlink.Received`; unused by these two; FedGF's step,
-:mod:`fedvls_flwr.algorithms.fedgf`, reads it). Each takes
+Each is built as every part is (:func:`fedvls_flwr.algorithms.parts.build_part`): from its
+settings and a context holding the SGD update it drives and what the server sent it besides
+the weights (:class:`fedvls_flwr.algorithms.downlink.Received`; unused by these two; FedGF's
+step, :mod:`fedvls_flwr.algorithms.fedgf`, reads it). Each takes
 a ``closure`` that clears the gradients, runs the forward pass and the
 objective, back-propagates and returns the detached loss terms; the optimizer decides
 where (at which weights) and how often the closure runs. The update itself is
@@ -19,17 +20,24 @@ from typing import Any, cast
 
 import torch
 
-from fedvls_flwr.algorithms.downlink import Received
+from fedvls_flwr.algorithms.parts import PartContext
 from fedvls_flwr.algorithms.sgd import LocalSGD
 
 Closure = Callable[[], torch.Tensor]
 
 
+def driven_sgd(context: PartContext) -> LocalSGD:
+    """The SGD update a local optimizer drives (built on a client, beside it)."""
+    if context.sgd is None:
+        raise ValueError("a local optimizer drives an SGD update: build it with PartContext(sgd=...)")
+    return context.sgd
+
+
 class SGDStep:
     """Plain (momentum) SGD: one gradient, one step."""
 
-    def __init__(self, sgd: LocalSGD, params: Mapping[str, Any], received: Received | None = None) -> None:
-        self.sgd = sgd
+    def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
+        self.sgd = driven_sgd(context)
 
     def step(self, closure: Closure) -> torch.Tensor:
         terms = closure()
@@ -48,8 +56,8 @@ class SAMStep:
     Two forward/backward passes per step.
     """
 
-    def __init__(self, sgd: LocalSGD, params: Mapping[str, Any], received: Received | None = None) -> None:
-        self.sgd = sgd
+    def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
+        self.sgd = driven_sgd(context)
         self.rho = float(params["sam-rho"])
 
     def step(self, closure: Closure) -> torch.Tensor:

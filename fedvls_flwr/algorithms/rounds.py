@@ -1,14 +1,15 @@
 """Protocols: what the server keeps between rounds, what each message carries, how replies
-combine (run-config ``protocol``).
+combine, and what a client does with a message (run-config ``protocol``).
 
 Most methods differ only in what a client does with the global model (the local objective
 and optimizer). A protocol differs in the shape of the federation itself: FedConcat keeps K
 cluster models, sends each client its cluster's, and later trains one new head over the K
 frozen encoders. The strategy runs any protocol through the hooks below and names none:
 
-* the server's **state** is one flat dict of named arrays (``ArrayDict``): the global model
-  for the standard protocol; for FedConcat the K cluster models, the assignment, later the
-  encoders and the head. It is what the checkpoint holds, so resume needs nothing else;
+* the server's **round state** is one flat dict of named arrays (``ArrayDict``): the global
+  model for the standard protocol; for FedConcat the K cluster models and the assignment,
+  later the encoders and the head. The checkpoint holds it, beside what the protocol fixed
+  when the run started (:meth:`RoundProtocol.state`, as every server part's);
 * :meth:`RoundProtocol.initial_state` builds it before round 1, from the fresh model and
   the per-site statistics the protocol declares in its registry entry (``Part.shares``),
   which the server asks the sites for once;
@@ -18,8 +19,9 @@ frozen encoders. The strategy runs any protocol through the hooks below and name
 * :meth:`RoundProtocol.aggregate` turns the round's checked replies, by group, into the
   next state;
 * :meth:`RoundProtocol.evaluation_model` gives the model to test (None: nothing to test);
-* :meth:`RoundProtocol.client_train` is the client's side of a message the ordinary local
-  training does not handle (None: train as usual).
+* :meth:`RoundProtocol.client_train` is the client's side of a training message
+  (:class:`ClientRound` in, :class:`ClientOutcome` out): the standard protocol's is the
+  ordinary local training, and FedConcat's stage 1 is the same.
 
 Plain numpy and torch; no Flower import.
 """
@@ -28,21 +30,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+import torch
 from torch import nn
 
 from fedvls_flwr.algorithms.aggregation import ArrayDict, Reply, weighted_average
+from fedvls_flwr.algorithms.downlink import Received
+from fedvls_flwr.algorithms.parts import PartContext, ServerPart
+from fedvls_flwr.algorithms.training import ClientState, TrainResult, train_local
 
 if TYPE_CHECKING:
-    import torch
-
-    from fedvls_flwr.algorithms.training import TrainResult
     from fedvls_flwr.config.run_config import RunConfig
     from fedvls_flwr.data.node_data import ClientData
 
-__all__ = ["Assignment", "RoundProtocol", "StandardRounds", "build_protocol"]
+__all__ = ["Assignment", "ClientOutcome", "ClientRound", "RoundProtocol", "StandardRounds"]
 
 
 @dataclass
@@ -59,16 +62,69 @@ class Assignment:
     reply_layout: ArrayDict | None = None
 
 
-class RoundProtocol:
+class Kept(Protocol):
+    """Named sets of arrays a node keeps across rounds (Flower's ``Context.state`` in the ClientApp)."""
+
+    def get(self, name: str) -> dict[str, torch.Tensor] | None: ...
+
+    def put(self, name: str, arrays: dict[str, torch.Tensor]) -> None: ...
+
+
+@dataclass
+class ClientRound:
+    """One training message, as a client's protocol step sees it.
+
+    ``arrays``: what the message carries (the weights; FedConcat's head and encoders);
+    ``config``: the message's config (the run config, the round, the protocol's own keys);
+    ``state``: what the client keeps across rounds for the local training (MOON's previous
+    model, carried momentum), updated in place; ``kept``: named arrays a protocol keeps on the
+    node across rounds; ``received``: what the run's server companions sent.
+    """
+
+    arrays: Mapping[str, torch.Tensor]
+    config: Mapping[str, Any]
+    cfg: RunConfig
+    data: ClientData
+    model_factory: Callable[[], nn.Module]
+    device: torch.device
+    generator: torch.Generator
+    state: ClientState
+    kept: Kept
+    received: Received = field(default_factory=Received)
+
+
+@dataclass
+class ClientOutcome:
+    """The reply's weights, the training's numbers, and the trained model when it is the run's
+    architecture (what ``local-eval`` evaluates; None for FedConcat's head)."""
+
+    weights: dict[str, torch.Tensor]
+    result: TrainResult
+    model: nn.Module | None = None
+
+
+def train_as_usual(step: ClientRound) -> ClientOutcome:
+    """The ordinary local training: the received weights, trained with the run's objective and
+    local optimizer on the client's data."""
+    model = step.model_factory()
+    model.load_state_dict(dict(step.arrays), strict=True)
+    result = train_local(model, step.data, step.cfg, device=step.device, generator=step.generator,
+                         state=step.state, received=step.received)
+    return ClientOutcome({k: v.detach().cpu() for k, v in model.state_dict().items()}, result, model)
+
+
+class RoundProtocol(ServerPart):
     """Base class; see the module docstring for the hooks."""
 
     #: Whether the state is one model that every client trains (then the server optimizer,
     #: drift diversity and the server companions apply to it).
     single_model: bool = True
 
-    def __init__(self, params: Mapping[str, Any], cfg: RunConfig) -> None:
-        self.params = dict(params)
-        self.cfg = cfg
+    def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
+        super().__init__(params, context)
+        if context.run is None:
+            raise ValueError("a protocol is built for a run: PartContext(run=...) is needed")
+        self.cfg: RunConfig = context.run
 
     # ---- server -------------------------------------------------------------------
     def initial_state(self, model_arrays: ArrayDict, site_stats: Mapping[int, Mapping[str, list[int]]]) -> ArrayDict:
@@ -92,18 +148,12 @@ class RoundProtocol:
     def bind_model(self, model: nn.Module) -> None:
         """The run's architecture, on the server (a protocol that builds new layers reads it)."""
 
-    def restore(self, state: ArrayDict) -> None:
-        """A resumed run's saved state, before its first round: a protocol that fixed something
-        when the run started (FedConcat's stage boundary) reads it back here."""
-
     def forget_node(self, node: int) -> None:
         """``node`` failed this round (a protocol that sends something once sends it again)."""
 
     def evaluation_model(self, state: ArrayDict, model: nn.Module, server_round: int = 0) -> nn.Module | None:
         """The model whose accuracy round ``server_round`` reports, ``model`` (the run's
         architecture) loaded from ``state``; None when there is none to test yet."""
-        import torch
-
         model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in state.items()})
         return model
 
@@ -116,24 +166,11 @@ class RoundProtocol:
         return None
 
     # ---- client -------------------------------------------------------------------
-    @classmethod
-    def client_train(
-        cls, arrays: Mapping[str, torch.Tensor], config: Mapping[str, Any], cfg: RunConfig, data: ClientData,
-        model_factory: Callable[[], nn.Module], kept: Any, device: torch.device, generator: torch.Generator,
-    ) -> tuple[dict[str, torch.Tensor], TrainResult] | None:
-        """A message the ordinary local training does not handle: the weights to send back and
-        the training result; None to train as usual. ``kept``: the node's record that lives
-        across rounds (Flower's ``Context.state``; None where there is none)."""
-        return None
+    def client_train(self, step: ClientRound) -> ClientOutcome:
+        """A client's side of a training message: the ordinary local training."""
+        return train_as_usual(step)
 
 
 class StandardRounds(RoundProtocol):
     """One global model; every sampled client trains it (every method but FedConcat)."""
-
-
-def build_protocol(cfg: RunConfig) -> RoundProtocol:
-    """The run's protocol (run-config ``protocol``) with its settings."""
-    from fedvls_flwr.config.registry import get_part, part_params
-
-    return get_part("protocol", cfg.protocol).load()(part_params(cfg, "protocol"), cfg)
 

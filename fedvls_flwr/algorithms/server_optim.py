@@ -18,15 +18,16 @@ saved with the checkpoint, so a resumed run continues exactly.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from fedvls_flwr.algorithms.aggregation import ArrayDict, Reply
-from fedvls_flwr.config.registry import get_part
+from fedvls_flwr.algorithms.parts import PartContext, ServerPart
 
-__all__ = ["ServerOptimizer", "Average", "FedExP", "FedAvgM", "FedAdam", "FedYogi", "FedAdagrad", "build_server_optimizer"]
+__all__ = ["ServerOptimizer", "Average", "FedExP", "FedAvgM", "FedAdam", "FedYogi", "FedAdagrad"]
 
 
 def float_keys(arrays: ArrayDict) -> list[str]:
@@ -39,11 +40,8 @@ def squared_norm(x: np.ndarray) -> float:
     return float(np.square(x).sum())
 
 
-class ServerOptimizer:
+class ServerOptimizer(ServerPart):
     """Base: the next global model from the round's global model and the checked average."""
-
-    def __init__(self, params: Mapping[str, Any]) -> None:
-        self.params = dict(params)
 
     def step(self, server_round: int, global_arrays: ArrayDict, average: ArrayDict, replies: list[Reply]) -> ArrayDict:
         raise NotImplementedError
@@ -53,13 +51,6 @@ class ServerOptimizer:
         evaluates something else)."""
         return new_global
 
-    def state(self) -> ArrayDict:
-        """Arrays to checkpoint (empty when the optimizer keeps no state)."""
-        return {}
-
-    def load_state(self, state: ArrayDict) -> None:
-        if state:
-            raise ValueError(f"{type(self).__name__} keeps no state, got {sorted(state)[:3]}")
 
 
 class Average(ServerOptimizer):
@@ -82,8 +73,8 @@ class FedExP(ServerOptimizer):
     paper evaluates.
     """
 
-    def __init__(self, params: Mapping[str, Any]) -> None:
-        super().__init__(params)
+    def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
+        super().__init__(params, context)
         self.eps = float(params["fedexp-eps"])
         self.average_last_two = params["fedexp-eval"] == "average-last-two"
         self.previous: ArrayDict = {}  # w_{t-1}, for the evaluation average
@@ -114,6 +105,10 @@ class FedExP(ServerOptimizer):
             out[k] = ((new_global[k].astype(np.float64) + prev) / 2).astype(new_global[k].dtype)
         return out
 
+    def report(self) -> dict[str, float]:
+        """The round's step size eta_g (absent before the first step)."""
+        return {} if math.isnan(self.last_step_size) else {"server_step_size": self.last_step_size}
+
     def state(self) -> ArrayDict:
         return {f"previous/{k}": v for k, v in self.previous.items()}
 
@@ -129,8 +124,8 @@ class FedAvgM(ServerOptimizer):
     operation, in each array's dtype; ``tests/test_server_optim.py`` runs both side by side.
     """
 
-    def __init__(self, params: Mapping[str, Any]) -> None:
-        super().__init__(params)
+    def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
+        super().__init__(params, context)
         self.lr = float(params["fedavgm-lr"])
         self.momentum = float(params["fedavgm-momentum"])
         self.velocity: list[np.ndarray] | None = None  # one per floating-point array, in key order
@@ -170,8 +165,8 @@ class AdaptiveOptimizer(ServerOptimizer):
 
     rule = ""  # "adam", "yogi" or "adagrad"
 
-    def __init__(self, params: Mapping[str, Any]) -> None:
-        super().__init__(params)
+    def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
+        super().__init__(params, context)
         prefix = f"fed{self.rule}-"
         self.eta = float(params[prefix + "eta"])
         self.tau = float(params[prefix + "tau"])
@@ -221,7 +216,3 @@ class FedYogi(AdaptiveOptimizer):
 class FedAdagrad(AdaptiveOptimizer):
     rule = "adagrad"
 
-
-def build_server_optimizer(name: str, params: Mapping[str, Any]) -> ServerOptimizer:
-    """The server optimizer ``name`` with its settings (kebab-case run-config keys)."""
-    return get_part("server-optimizer", name).load()(params)

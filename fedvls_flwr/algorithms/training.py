@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Protocol, cast
 import torch
 from torch import nn
 
-from fedvls_flwr.config.registry import get_part, method_params, part_params
 from fedvls_flwr.config.run_config import RunConfig
 from fedvls_flwr.data.augment import BatchTransform, make_batch_transform
 from fedvls_flwr.data.node_data import ClientData
@@ -35,7 +34,8 @@ if TYPE_CHECKING:
     from fedvls_flwr.algorithms.local_optim import Closure
 from fedvls_flwr.algorithms.batchnorm import batch_bounds, has_batchnorm
 from fedvls_flwr.algorithms.downlink import Received
-from fedvls_flwr.algorithms.objectives import Objective, build_objective
+from fedvls_flwr.algorithms.objectives import Objective
+from fedvls_flwr.algorithms.parts import PartContext, build_part
 from fedvls_flwr.algorithms.sgd import LocalSGD
 
 logger = logging.getLogger(__name__)
@@ -214,7 +214,8 @@ def train_local(
     # BatchNorm: no step on a tiny last batch (it joins the one before; see batchnorm.py)
     bounds = batch_bounds(n, cfg.batch_size, batchnorm=has_batchnorm(model))
     counts = torch.bincount(y, minlength=data.num_classes)
-    objective: Objective = build_objective(cfg.method, counts, method_params(cfg))
+    values = cfg.to_flower()
+    objective: Objective = build_part("method", values, PartContext(run=cfg, class_counts=counts))
     transform = make_batch_transform(data.mean, data.std, train=True, augment=cfg.augment, generator=generator)
     autocast = autocast_context(device, cfg.amp)
     objective.bind_global(model)
@@ -222,7 +223,7 @@ def train_local(
     sgd = _local_sgd(model, cfg, state, device)
     received = received if received is not None else Received()
     received.param_names = [name for name, p in model.named_parameters() if p.requires_grad]
-    optimizer = build_local_optimizer(cfg, sgd, received)
+    optimizer: LocalOptimizer = build_part("local-optimizer", values, PartContext(run=cfg, sgd=sgd, received=received))
     tap = FeatureTap(model) if objective.features == "penultimate" else None
 
     def step(idx: torch.Tensor) -> torch.Tensor:
@@ -278,14 +279,6 @@ def train_local(
 
 class LocalOptimizer(Protocol):
     def step(self, closure: Closure) -> torch.Tensor: ...
-
-
-def build_local_optimizer(cfg: RunConfig, sgd: LocalSGD, received: Received | None = None) -> LocalOptimizer:
-    """The run's local optimizer (``local-optimizer``) around the SGD update, with what the
-    server sent it besides the weights."""
-    part = get_part("local-optimizer", cfg.local_optimizer)
-    return cast("LocalOptimizer", part.load()(sgd, part_params(cfg, "local-optimizer"),
-                                              received if received is not None else Received()))
 
 
 def mode_dependent(model: nn.Module) -> bool:

@@ -15,12 +15,14 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from fedvls_flwr.algorithms.device import describe_device, peak_gpu_memory, set_deterministic
 from fedvls_flwr.algorithms.downlink import Received
+from fedvls_flwr.algorithms.parts import PartContext, build_part
+from fedvls_flwr.algorithms.rounds import ClientRound
 from fedvls_flwr.algorithms.run_model import build_run_model
-from fedvls_flwr.algorithms.training import ClientState, evaluate, resolve_device, to_device, train_local
-from fedvls_flwr.app import protocol
+from fedvls_flwr.algorithms.training import ClientState, evaluate, resolve_device, to_device
+from fedvls_flwr.app import keys
 from fedvls_flwr.app.events import CLIENT_DATA, emit
 from fedvls_flwr.app.messages import MetricValue, arrays_in, config_in, integer
-from fedvls_flwr.config.registry import get_part, site_shares
+from fedvls_flwr.config.registry import site_shares
 from fedvls_flwr.config.run_config import RunConfig, parse_run_config
 from fedvls_flwr.data.node_config import parse_node_config
 from fedvls_flwr.data.node_data import dataset_for, node_client_data
@@ -57,42 +59,42 @@ def load_client_state(record: RecordDict | None) -> ClientState:
     state = ClientState()
     if record is None:
         return state
-    if protocol.STATE_PREVIOUS_MODEL in record.array_records:
-        state.previous_model = arrays_in(record, protocol.STATE_PREVIOUS_MODEL).to_torch_state_dict()
-    if protocol.STATE_MOMENTUM in record.array_records:
-        saved = arrays_in(record, protocol.STATE_MOMENTUM)
-        count = integer(config_in(record, protocol.STATE_MOMENTUM + "-count")["count"])
+    if keys.STATE_PREVIOUS_MODEL in record.array_records:
+        state.previous_model = arrays_in(record, keys.STATE_PREVIOUS_MODEL).to_torch_state_dict()
+    if keys.STATE_MOMENTUM in record.array_records:
+        saved = arrays_in(record, keys.STATE_MOMENTUM)
+        count = integer(config_in(record, keys.STATE_MOMENTUM + "-count")["count"])
         state.momentum = [torch.from_numpy(saved[str(i)].numpy()) if str(i) in saved else None for i in range(count)]
     return state
 
 
 def save_client_state(record: RecordDict, state: ClientState) -> None:
     if state.previous_model is not None:
-        record[protocol.STATE_PREVIOUS_MODEL] = ArrayRecord(state.previous_model)
+        record[keys.STATE_PREVIOUS_MODEL] = ArrayRecord(state.previous_model)
     if state.momentum is not None:
-        record[protocol.STATE_MOMENTUM] = ArrayRecord(
+        record[keys.STATE_MOMENTUM] = ArrayRecord(
             {str(i): b for i, b in enumerate(state.momentum) if b is not None}
         )
-        record[protocol.STATE_MOMENTUM + "-count"] = ConfigRecord({"count": len(state.momentum)})
+        record[keys.STATE_MOMENTUM + "-count"] = ConfigRecord({"count": len(state.momentum)})
 
 
 def received_downlink(content: RecordDict, device: torch.device) -> Received:
     """What the run's parts sent besides the weights (algorithms/downlink.py); empty if nothing."""
     received = Received()
-    if protocol.DOWNLINK in content.array_records:
+    if keys.DOWNLINK in content.array_records:
         received.arrays = {k: to_device(v, device) for k, v in
-                           arrays_in(content, protocol.DOWNLINK).to_torch_state_dict().items()}
-    if protocol.DOWNLINK_VALUES in content.config_records:
-        received.values = {k: float(v) for k, v in config_in(content, protocol.DOWNLINK_VALUES).items()}  # type: ignore[arg-type]
+                           arrays_in(content, keys.DOWNLINK).to_torch_state_dict().items()}
+    if keys.DOWNLINK_VALUES in content.config_records:
+        received.values = {k: float(v) for k, v in config_in(content, keys.DOWNLINK_VALUES).items()}  # type: ignore[arg-type]
     return received
 
 
 def train_round(content: RecordDict, node_config: dict[str, Any], client_state: RecordDict | None = None) -> RecordDict:
     """One round of local training. ``client_state``: Flower's ``Context.state`` of this
     node, read and updated for the methods that keep state between rounds."""
-    config = dict(config_in(content, protocol.CONFIG))
+    config = dict(config_in(content, keys.CONFIG))
     cfg = parse_run_config(config, strict=False)
-    server_round = integer(config.get(protocol.SERVER_ROUND, 0))
+    server_round = integer(config.get(keys.SERVER_ROUND, 0))
     if cfg.torch_threads > 0:
         torch.set_num_threads(cfg.torch_threads)
     set_deterministic(cfg.deterministic)
@@ -102,7 +104,7 @@ def train_round(content: RecordDict, node_config: dict[str, Any], client_state: 
     data = node_client_data(cfg, node_config)
     emit(CLIENT_DATA, seconds=time.perf_counter() - t_data, partition=data.partition_id)
     partition_id = data.partition_id
-    received = arrays_in(content, protocol.ARRAYS).to_torch_state_dict()
+    received = arrays_in(content, keys.ARRAYS).to_torch_state_dict()
 
     def new_model() -> torch.nn.Module:
         return build_run_model(cfg, tuple(data.x.shape[1:]), data.num_classes)
@@ -110,37 +112,32 @@ def train_round(content: RecordDict, node_config: dict[str, Any], client_state: 
     # Batch order depends on (seed, round, partition) only: reproducible on any node.
     seed = int(np.random.SeedSequence([cfg.seed, server_round, partition_id]).generate_state(1)[0])
     generator = torch.Generator().manual_seed(seed)
+    state = load_client_state(client_state)
+    step = ClientRound(arrays=received, config=config, cfg=cfg, data=data, model_factory=new_model, device=device,
+                       generator=generator, state=state, kept=KeptArrays(client_state),
+                       received=received_downlink(content, device))
+    protocol = build_part("protocol", cfg.to_flower(), PartContext(run=cfg))
     with peak_gpu_memory(device) as peak_mb:
-        # a protocol's own step (FedConcat's head training), or the ordinary local training
-        done = get_part("protocol", cfg.protocol).load().client_train(
-            received, config, cfg, data, new_model, KeptArrays(client_state), device, generator)
-        if done is not None:
-            weights, result = done
-        else:
-            model = new_model()
-            model.load_state_dict(received, strict=True)
-            state = load_client_state(client_state)
-            result = train_local(model, data, cfg, device=device, generator=generator, state=state,
-                                 received=received_downlink(content, device))
-            if client_state is not None:
-                save_client_state(client_state, state)
-            weights = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+        outcome = protocol.client_train(step)
+    if client_state is not None:
+        save_client_state(client_state, state)
+    result = outcome.result
     metrics: dict[str, MetricValue] = {
-        protocol.NUM_EXAMPLES: result.num_examples,
-        protocol.TRAIN_LOSS: result.loss,
-        protocol.PARTITION_ID: partition_id,
+        keys.NUM_EXAMPLES: result.num_examples,
+        keys.TRAIN_LOSS: result.loss,
+        keys.PARTITION_ID: partition_id,
         # the label distribution leaves the site only when the run asks for it (a diagnostic)
-        **({protocol.NUM_VACANT: result.num_vacant, protocol.CLASS_COUNTS: result.class_counts}
+        **({keys.NUM_VACANT: result.num_vacant, keys.CLASS_COUNTS: result.class_counts}
            if cfg.share_class_counts else {}),
-        **{protocol.TRAIN_TERM_PREFIX + name: value for name, value in result.terms.items()},
-        **({protocol.PEAK_GPU_MB: peak_mb[0]} if peak_mb else {}),
+        **{keys.TRAIN_TERM_PREFIX + name: value for name, value in result.terms.items()},
+        **({keys.PEAK_GPU_MB: peak_mb[0]} if peak_mb else {}),
     }
-    if cfg.local_eval and done is None:
+    if cfg.local_eval and outcome.model is not None:
         # The paper's local-update view: this client's updated model on the test set.
-        metrics[protocol.LOCAL_PER_CLASS_ACCURACY] = local_test_per_class(cfg, model, device)
+        metrics[keys.LOCAL_PER_CLASS_ACCURACY] = local_test_per_class(cfg, outcome.model, device)
     return RecordDict({
-        protocol.ARRAYS: ArrayRecord(weights), protocol.METRICS: MetricRecord(metrics),
-        protocol.CLIENT_INFO: client_info(device),
+        keys.ARRAYS: ArrayRecord(outcome.weights), keys.METRICS: MetricRecord(metrics),
+        keys.CLIENT_INFO: client_info(device),
     })
 
 
@@ -161,7 +158,7 @@ def where_it_runs() -> str:
 
 def client_info(device: torch.device) -> ConfigRecord:
     """What a reply says about the client: the device it used and the node it ran on."""
-    return ConfigRecord({protocol.DEVICE: describe_device(device), protocol.NODE: where_it_runs()})
+    return ConfigRecord({keys.DEVICE: describe_device(device), keys.NODE: where_it_runs()})
 
 
 def evaluate_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDict:
@@ -170,16 +167,16 @@ def evaluate_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDi
     Replies per-class correct/total counts so the server can pool them exactly; a node
     without a local test split (node config test-fraction = 0) replies num-examples 0.
     """
-    cfg = parse_run_config(dict(config_in(content, protocol.CONFIG)), strict=False)
+    cfg = parse_run_config(dict(config_in(content, keys.CONFIG)), strict=False)
     if cfg.torch_threads > 0:
         torch.set_num_threads(cfg.torch_threads)
     set_deterministic(cfg.deterministic)
     data = node_client_data(cfg, node_config)
-    metrics: dict[str, MetricValue] = {protocol.NUM_EXAMPLES: 0, protocol.PARTITION_ID: data.partition_id}
+    metrics: dict[str, MetricValue] = {keys.NUM_EXAMPLES: 0, keys.PARTITION_ID: data.partition_id}
     if data.test_x is not None and data.test_y is not None and data.test_y.numel() > 0:
         device = resolve_device(cfg.device)
         model = build_run_model(cfg, tuple(data.x.shape[1:]), data.num_classes)
-        model.load_state_dict(arrays_in(content, protocol.ARRAYS).to_torch_state_dict(), strict=True)
+        model.load_state_dict(arrays_in(content, keys.ARRAYS).to_torch_state_dict(), strict=True)
         res = evaluate(
             model, data.test_x, data.test_y, data.num_classes, device=device,
             batch_size=cfg.eval_batch_size, mean=data.mean, std=data.std, amp=cfg.amp,
@@ -187,12 +184,12 @@ def evaluate_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDi
         total = torch.bincount(data.test_y, minlength=data.num_classes)
         correct = [0 if n == 0 else round(a * n) for a, n in zip(res.per_class_accuracy, total.tolist())]
         metrics.update({
-            protocol.NUM_EXAMPLES: res.num_examples,
-            protocol.LOSS_SUM: res.loss * res.num_examples,
-            protocol.CORRECT_PER_CLASS: correct,
-            protocol.TOTAL_PER_CLASS: [int(n) for n in total.tolist()],
+            keys.NUM_EXAMPLES: res.num_examples,
+            keys.LOSS_SUM: res.loss * res.num_examples,
+            keys.CORRECT_PER_CLASS: correct,
+            keys.TOTAL_PER_CLASS: [int(n) for n in total.tolist()],
         })
-    return RecordDict({protocol.METRICS: MetricRecord(metrics)})
+    return RecordDict({keys.METRICS: MetricRecord(metrics)})
 
 
 def query_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDict:
@@ -200,18 +197,18 @@ def query_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDict:
     the server can sample by partition id, and which device it would train on, so the
     server can tell before round 1 that a GPU would go unused."""
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    metrics: dict[str, MetricValue] = {protocol.PARTITION_ID: node_identity(node_config)}
-    config = dict(config_in(content, protocol.CONFIG)) if protocol.CONFIG in content.config_records else {}
-    wanted = {w for w in str(config.get(protocol.WANT_SHARES, "")).split(",") if w}
+    metrics: dict[str, MetricValue] = {keys.PARTITION_ID: node_identity(node_config)}
+    config = dict(config_in(content, keys.CONFIG)) if keys.CONFIG in content.config_records else {}
+    wanted = {w for w in str(config.get(keys.WANT_SHARES, "")).split(",") if w}
     if wanted:
         # only what the run's parts declare (Part.shares) leaves the site, whatever is asked
         cfg = parse_run_config(config, strict=False)
         if "class-counts" in wanted & site_shares(cfg.to_flower()):
             data = node_client_data(cfg, node_config)
-            metrics[protocol.CLASS_COUNTS] = [int(c) for c in torch.bincount(data.y, minlength=data.num_classes).tolist()]
+            metrics[keys.CLASS_COUNTS] = [int(c) for c in torch.bincount(data.y, minlength=data.num_classes).tolist()]
     return RecordDict({
-        protocol.METRICS: MetricRecord(metrics),
-        protocol.CLIENT_INFO: client_info(device),
+        keys.METRICS: MetricRecord(metrics),
+        keys.CLIENT_INFO: client_info(device),
     })
 
 

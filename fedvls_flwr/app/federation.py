@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedvls_flwr.app import protocol
+from fedvls_flwr.app import keys
 
 
 def too_few_nodes(needed: int, timeout: float, have: int, said: list[int], waited: float, simulation: bool) -> str:
@@ -46,17 +46,17 @@ def same_partition(partitions: dict[int, int], node: int, others: list[int]) -> 
 
 def pool_evaluations(replies: list[dict]) -> dict:
     """Sum per-class correct/total counts of the nodes' evaluations (sample-weighted)."""
-    usable = [r for r in replies if r.get(protocol.NUM_EXAMPLES, 0) > 0 and protocol.TOTAL_PER_CLASS in r]
+    usable = [r for r in replies if r.get(keys.NUM_EXAMPLES, 0) > 0 and keys.TOTAL_PER_CLASS in r]
     if not usable:
         return {"accuracy": None, "loss": None, "per_class_accuracy": None, "eval_nodes": 0, "eval_examples": 0}
-    correct = np.sum([np.asarray(r[protocol.CORRECT_PER_CLASS], dtype=np.float64) for r in usable], axis=0)
-    total = np.sum([np.asarray(r[protocol.TOTAL_PER_CLASS], dtype=np.float64) for r in usable], axis=0)
+    correct = np.sum([np.asarray(r[keys.CORRECT_PER_CLASS], dtype=np.float64) for r in usable], axis=0)
+    total = np.sum([np.asarray(r[keys.TOTAL_PER_CLASS], dtype=np.float64) for r in usable], axis=0)
     n = float(total.sum())
     with np.errstate(invalid="ignore", divide="ignore"):
         per_class = np.where(total > 0, correct / np.maximum(total, 1), np.nan)
     return {
         "accuracy": float(correct.sum() / n),
-        "loss": float(sum(r[protocol.LOSS_SUM] for r in usable) / n),
+        "loss": float(sum(r[keys.LOSS_SUM] for r in usable) / n),
         "per_class_accuracy": [float(v) for v in per_class],
         "eval_nodes": len(usable),
         "eval_examples": int(n),

@@ -1,10 +1,6 @@
 """Warnings the app's own design causes in every run, which a user can do nothing about, kept
 out of the log - each by its exact text, so every other warning of the same library still shows.
 
-* Flower's ``fraction_evaluate is set to 0.0. Federated evaluation will be skipped.``: the server
-  evaluates the global model on its own test set by design; :class:`~fedvls_flwr.app.strategy.CheckedFedAvg`
-  sets Flower's evaluation fraction to 0 after FedAvg's constructor, so the line is never logged
-  (nothing is filtered there).
 * Ray's ``FutureWarning`` at ``ray.init`` that it "will no longer override accelerator visible
   devices env var if num_gpus=0": the only switch that silences it,
   ``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=0``, would also change what it warns about (clients that

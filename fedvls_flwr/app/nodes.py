@@ -1,6 +1,6 @@
 """What the server knows of and asks the nodes, outside training: who is connected (and waiting
 for ``min-nodes``), which partition each node is, which device it would train on, and the
-per-site statistics a run's parts declare (``Part.shares``). A mixin of the strategy."""
+per-site statistics a run's parts declare (``Part.shares``). The strategy holds one."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from fedvls_flwr.app import protocol
+from fedvls_flwr.app import keys
 from fedvls_flwr.app.federation import same_partition, too_few_nodes
 from fedvls_flwr.app.messages import exchange, integer, is_simulation, metrics_in, numbers, short_reason
 from fedvls_flwr.config.registry import site_shares
@@ -28,39 +28,41 @@ class RoundFailedError(RuntimeError):
 
 
 class NodeDirectory:
-    """The nodes as the server knows them (mixed into the strategy)."""
+    """The nodes as the server knows them: their partition ids (from queries and replies) and
+    whether the federation has assembled (``min-nodes`` were connected once)."""
 
-    cfg: RunConfig
-    partitions: dict[int, int]  # node id -> partition id (queries and replies)
-    _federation_assembled: bool
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.partitions: dict[int, int] = {}  # node id -> partition id
+        self.federation_assembled = False
 
     def round_config(self, server_round: int) -> ConfigRecord:
-        return ConfigRecord({**self.cfg.to_flower(), protocol.SERVER_ROUND: server_round})
+        return ConfigRecord({**self.cfg.to_flower(), keys.SERVER_ROUND: server_round})
 
     def query_nodes(self, grid: Grid, node_ids: list[int], connected: list[int] | None = None) -> dict[int, str]:
         """Ask ``node_ids`` who they are (one query message each; the ClientApp answers from
         its node config and torch, without loading data): records their partition ids, warns
         of two ``connected`` nodes that say the same one, and returns node id -> the device
         each would train on."""
-        record = RecordDict({protocol.CONFIG: self.round_config(0)})
+        record = RecordDict({keys.CONFIG: self.round_config(0)})
         messages = [Message(content=record, message_type=MessageType.QUERY, dst_node_id=n) for n in node_ids]
         devices: dict[int, str] = {}
         for reply in exchange(grid, messages, self.cfg.round_timeout):
             if reply.has_error():
                 continue
             node_id = reply.metadata.src_node_id
-            if protocol.METRICS in reply.content.metric_records:
-                metrics = metrics_in(reply.content, protocol.METRICS)
-                if protocol.PARTITION_ID in metrics:
-                    self.partitions[node_id] = integer(metrics[protocol.PARTITION_ID])
-            if protocol.CLIENT_INFO in reply.content.config_records:
-                devices[node_id] = str(reply.content.config_records[protocol.CLIENT_INFO].get(protocol.DEVICE, "?"))
+            if keys.METRICS in reply.content.metric_records:
+                metrics = metrics_in(reply.content, keys.METRICS)
+                if keys.PARTITION_ID in metrics:
+                    self.partitions[node_id] = integer(metrics[keys.PARTITION_ID])
+            if keys.CLIENT_INFO in reply.content.config_records:
+                devices[node_id] = str(reply.content.config_records[keys.CLIENT_INFO].get(keys.DEVICE, "?"))
         connected = node_ids if connected is None else connected
         for node in node_ids:
             if (twin := same_partition(self.partitions, node, connected)) is not None and (
                     twin not in node_ids or node > twin):  # said once per pair
                 log(WARNING, "%s and node %d say the same partition-id: only one reply per partition is "
-                    "used in a round; give each SuperNode its own partition-id", self._name(node), twin)
+                    "used in a round; give each SuperNode its own partition-id", self.name(node), twin)
         return devices
 
     def learn_partitions(self, grid: Grid, node_ids: list[int]) -> None:
@@ -75,10 +77,10 @@ class NodeDirectory:
 
     def client_devices(self, grid: Grid) -> dict[str, str]:
         """Before the first round: the device every connected node would train on, by node name."""
-        devices = self.query_nodes(grid, self._wait_for_nodes(grid))
-        return {self._name(n): d for n, d in sorted(devices.items())}
+        devices = self.query_nodes(grid, self.wait_for_nodes(grid))
+        return {self.name(n): d for n, d in sorted(devices.items())}
 
-    def _wait_for_nodes(self, grid: Grid) -> list[int]:
+    def wait_for_nodes(self, grid: Grid) -> list[int]:
         """The nodes to sample from.
 
         ``min-nodes`` is a start condition: before the first round of this server the
@@ -90,7 +92,7 @@ class NodeDirectory:
         ``min-fit-fraction`` judges the replies. Only when no node is left does it wait,
         at most ``round-timeout`` seconds.
         """
-        assembled = self._federation_assembled
+        assembled = self.federation_assembled
         needed = 1 if assembled else self.cfg.min_nodes
         simulation = is_simulation(grid)
         limit = self.cfg.round_timeout if assembled else (
@@ -113,7 +115,7 @@ class NodeDirectory:
                     f"min-nodes-timeout = {self.cfg.min_nodes_timeout:g} s")
             time.sleep(step)
             waited += step
-        self._federation_assembled = True
+        self.federation_assembled = True
         return node_ids
 
     def _too_few_nodes(self, grid: Grid, node_ids: list[int], waited: float, simulation: bool) -> str:
@@ -125,26 +127,32 @@ class NodeDirectory:
         return too_few_nodes(self.cfg.min_nodes, self.cfg.min_nodes_timeout, len(node_ids), said, waited,
                              simulation)
 
-    def _name(self, node_id: int) -> str:
+    def name(self, node_id: int) -> str:
         partition = self.partitions.get(node_id)
         return f"node {node_id}" + ("" if partition is None else f" (partition {partition})")
+
+    def failure(self, node_id: int | None, reason: str | None) -> dict:
+        """A failure record: Flower's node id and, where known, the partition id / site."""
+        if node_id is None:
+            return {"node": "?", "partition_id": None, "reason": reason}
+        return {"node": str(node_id), "partition_id": self.partitions.get(node_id), "reason": reason}
 
     def site_statistics(self, grid: Grid) -> dict[int, dict[str, list[int]]]:
         """partition id -> the statistics the run's parts declare (``Part.shares``), asked of
         every connected node in one query each; a site answers only what is declared."""
         wanted = sorted(site_shares(self.cfg.to_flower()))
-        node_ids = self._wait_for_nodes(grid)
-        config = ConfigRecord({**self.cfg.to_flower(), protocol.SERVER_ROUND: 0, protocol.WANT_SHARES: ",".join(wanted)})
-        messages = [Message(content=RecordDict({protocol.CONFIG: config}), message_type=MessageType.QUERY, dst_node_id=n)
+        node_ids = self.wait_for_nodes(grid)
+        config = ConfigRecord({**self.cfg.to_flower(), keys.SERVER_ROUND: 0, keys.WANT_SHARES: ",".join(wanted)})
+        messages = [Message(content=RecordDict({keys.CONFIG: config}), message_type=MessageType.QUERY, dst_node_id=n)
                     for n in node_ids]
         stats: dict[int, dict[str, list[int]]] = {}
         for reply in exchange(grid, messages, self.cfg.round_timeout):
-            if reply.has_error() or protocol.METRICS not in reply.content.metric_records:
-                log(WARNING, "%s did not share %s: %s", self._name(reply.metadata.src_node_id), ", ".join(wanted),
+            if reply.has_error() or keys.METRICS not in reply.content.metric_records:
+                log(WARNING, "%s did not share %s: %s", self.name(reply.metadata.src_node_id), ", ".join(wanted),
                     short_reason(reply.error.reason or "no reason given") if reply.has_error() else "no metrics")
                 continue
-            metrics = metrics_in(reply.content, protocol.METRICS)
-            partition = integer(metrics[protocol.PARTITION_ID])
+            metrics = metrics_in(reply.content, keys.METRICS)
+            partition = integer(metrics[keys.PARTITION_ID])
             self.partitions[reply.metadata.src_node_id] = partition
             stats[partition] = {name: [int(v) for v in numbers(metrics[name])] for name in wanted if name in metrics}
         if not stats:

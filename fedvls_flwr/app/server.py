@@ -45,7 +45,7 @@ from fedvls_flwr.app.results import (
     summarize,
 )
 from fedvls_flwr.app.site_counts import KnownClassCounts, with_mean_vacant
-from fedvls_flwr.app.strategy import CheckedFedAvg, RoundReport
+from fedvls_flwr.app.strategy import RoundReport, RunStrategy
 from fedvls_flwr.app.time_left import RoundClock, format_duration
 from fedvls_flwr.app.tracking import check_tracking, open_tracker
 from fedvls_flwr.config.registry import combination_label
@@ -156,7 +156,7 @@ class ServerRun:
         self.label = combination_label(cfg.to_flower())
         log(INFO, "%s on %s (%s), %s evaluation, results in %s",
             self.label, cfg.dataset, model_name(cfg), self.evaluation, self.run_dir)
-        self.strategy = CheckedFedAvg(cfg)
+        self.strategy = RunStrategy(cfg)
         self.strategy.protocol.bind_model(self.model)
         self.saved_arrays = None if saved_arrays is None else self.strategy.load_server_state(saved_arrays)
         self.clients: dict[int, list[int]] = {}  # partition id -> class counts, as clients.json keeps them
@@ -198,11 +198,10 @@ class ServerRun:
             **metrics,
             "train": with_mean_vacant(report.train_metrics, report.clients, self.class_counts.of(report.clients)),
             "drift_diversity": report.drift_diversity,
-            **({} if report.server_step_size is None else {"server_step_size": report.server_step_size}),
             **report.server_parts,
             "clients_sampled": report.sampled,
             "sampled_partitions": sorted(
-                (self.strategy.partitions.get(n) for n in report.sampled_nodes), key=lambda p: (p is None, p or 0)
+                (self.strategy.nodes.partitions.get(n) for n in report.sampled_nodes), key=lambda p: (p is None, p or 0)
             ),
             "clients_accepted": report.accepted,
             "clients_failed": len(report.failed),
@@ -288,7 +287,7 @@ class ServerRun:
         federation asks for one. CPU runs send no extra message."""
         if self.cfg.device == "cpu" or (self.cfg.device == "auto" and not torch.cuda.is_available()):
             return
-        devices = self.strategy.client_devices(self.grid)
+        devices = self.strategy.nodes.client_devices(self.grid)
         problem = gpu_left_unused(self.cfg.device, torch.cuda.is_available(), devices, is_simulation(self.grid))
         if problem is not None and problem.error:
             raise ConfigError(problem.message)

@@ -20,7 +20,7 @@ from typing import Any
 
 from flwr.common.logger import log
 
-from fedvls_flwr.app import protocol
+from fedvls_flwr.app import keys
 from fedvls_flwr.config.run_config import RunConfig
 from fedvls_flwr.data.datasets import DatasetNotFoundError
 from fedvls_flwr.data.node_config import NodeDataError
@@ -66,11 +66,11 @@ def with_mean_vacant(train: Mapping[str, float], clients: Sequence[Mapping[str, 
                      counts: Mapping[int, Sequence[int]]) -> dict[str, float]:
     """The round's training metrics with the clients' vacant classes averaged by samples, as
     a reply's ``num-vacant`` would have been, when the replies did not carry it."""
-    if not train or protocol.NUM_VACANT in train:
+    if not train or keys.NUM_VACANT in train:
         return dict(train)
     weighted = [(float(c["num_examples"]), sum(1 for n in counts[c["partition_id"]] if n == 0))
                 for c in clients if c.get("partition_id") in counts and "num_examples" in c]
     total = sum(w for w, _ in weighted)
     if not weighted or len(weighted) != len(clients) or total <= 0:
         return dict(train)
-    return dict(sorted({**train, protocol.NUM_VACANT: sum(w * v for w, v in weighted) / total}.items()))
+    return dict(sorted({**train, keys.NUM_VACANT: sum(w * v for w, v in weighted) / total}.items()))

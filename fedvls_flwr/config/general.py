@@ -8,20 +8,9 @@ regenerates what derives from the declarations (RunConfig's fields, pyproject's
 
 from __future__ import annotations
 
+from fedvls_flwr.config.catalogue import DATASETS, MODELS
 from fedvls_flwr.config.registry import method_names, part_names
 from fedvls_flwr.config.settings import Setting, at_least, between, greater
-
-#: Datasets held as images (loaded by :mod:`fedvls_flwr.data`); ``synthetic`` is generated.
-IMAGE_DATASETS = ("digits", "mnist", "mnist10k", "fmnist", "cifar10", "cifar100", "tinyimagenet")
-DATASETS = (*IMAGE_DATASETS, "synthetic")
-#: The model zoo (:mod:`fedvls_flwr.models`); ``auto`` = the paper's model for the dataset.
-MODELS = ("mlp", "logreg", "cnn", "mobilenetv2", "resnet18", "resnet18-imagenet", "resnet32")
-#: ``model = "auto"`` resolves to these.
-DEFAULT_MODELS = {
-    "digits": "mlp", "mnist": "mlp", "mnist10k": "mlp", "fmnist": "mlp",
-    "cifar10": "mobilenetv2", "cifar100": "mobilenetv2", "tinyimagenet": "mobilenetv2",
-    "synthetic": "logreg",
-}
 
 #: (title, settings) in the order the docs list them.
 GROUPS: tuple[tuple[str, tuple[Setting, ...]], ...] = (

@@ -1,14 +1,25 @@
 """What a protocol in stages needs of the rest of a run config and of the federation:
 FedConcat's rules, each a message that says what is wrong and how to fix it, or None.
-Registered with the part (``Part.rules``, ``Part.federation_rules``); torch-free."""
+Registered with the part (``Part.rules``, ``Part.federation_rules``); torch-free, and imports
+nothing of the config layer: what a rule needs of the run comes as its arguments."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fedvls_flwr.config.registry import Selection
 
 
-def fedconcat_rules(values: Mapping[str, Any]) -> str | None:
+def fedconcat_assignment(text: str) -> list[int]:
+    """``fedconcat-assignment`` as the cluster of partition 0, 1, ... (empty: none given).
+    Its form is the setting's own rule; its clusters are checked by :func:`fedconcat_rules`."""
+    text = text.replace(" ", "")
+    return [int(v) for v in text.split(",")] if text else []
+
+
+def fedconcat_rules(values: Mapping[str, Any], selection: Selection) -> str | None:
     """What FedConcat needs of the rest of the run config."""
     rounds, k = int(values["num-server-rounds"]), int(values["fedconcat-clusters"])
     encoder_rounds = int(values["fedconcat-encoder-rounds"])
@@ -23,21 +34,16 @@ def fedconcat_rules(values: Mapping[str, Any]) -> str | None:
                 f"server-optimizer '{values['server-optimizer']}'; use server-optimizer='fedavg'")
     if values["evaluation"] == "federated":
         return "protocol 'fedconcat' is evaluated on the server's test set: use evaluation='server' or 'auto'"
-    from fedvls_flwr.config.registry import run_parts  # (the registry imports this module)
-
-    with_server = [f"{kind} '{part.name}'" for kind, part in run_parts(values).items() if part.server is not None]
+    with_server = [f"{kind} '{part.name}'" for kind, part in selection.parts.items() if part.server is not None]
     if with_server:
         return (f"protocol 'fedconcat' keeps K models, so {with_server[0]} (whose server state follows one global "
                 "model) does not combine with it; use local-optimizer='sgd' or 'sam'")
-    from fedvls_flwr.config.general import DEFAULT_MODELS  # (general imports the registry, which imports this)
-
-    model = DEFAULT_MODELS.get(str(values["dataset"]), "") if values["model"] == "auto" else str(values["model"])
-    if model == "logreg":
-        return ("protocol 'fedconcat' concatenates the encoders of K models, and model 'logreg' has none (its only "
-                "layer is the classifier, so the head would read K copies of the input): use model='mlp' or a CNN")
-    text = str(values["fedconcat-assignment"]).replace(" ", "")
-    if text:
-        used = {int(v) for v in text.split(",")}
+    if not selection.model_has_encoder:
+        return (f"protocol 'fedconcat' concatenates the encoders of K models, and model '{selection.model}' has none "
+                "(its only layer is the classifier, so the head would read K copies of the input): use model='mlp' "
+                "or a CNN")
+    if assignment := fedconcat_assignment(str(values["fedconcat-assignment"])):
+        used = set(assignment)
         if bad := sorted(v for v in used if v >= k):
             return (f"fedconcat-assignment names cluster(s) {bad}, but fedconcat-clusters = {k} numbers them "
                     f"0..{k - 1}")
@@ -51,11 +57,11 @@ def fedconcat_rules(values: Mapping[str, Any]) -> str | None:
 def fedconcat_federation_rules(values: Mapping[str, Any], nodes: int) -> str | None:
     """What FedConcat needs of the number of nodes (one partition each)."""
     k = int(values["fedconcat-clusters"])
-    text = str(values["fedconcat-assignment"]).replace(" ", "")
-    if not text and k > nodes:
+    assignment = fedconcat_assignment(str(values["fedconcat-assignment"]))
+    if not assignment and k > nodes:
         return (f"fedconcat-clusters = {k} needs at least {k} sites for K-means, and the federation has {nodes} "
                 f"node(s): lower fedconcat-clusters to at most {nodes}, or use more nodes")
-    if text and (given := len(text.split(","))) != nodes:
+    if assignment and (given := len(assignment)) != nodes:
         return (f"fedconcat-assignment gives the clusters of {given} partition(s), and the federation has {nodes} "
                 f"node(s), partitions 0..{nodes - 1}: give one cluster per partition ({nodes} numbers), or leave it "
                 "empty for K-means")

@@ -158,6 +158,16 @@ SITE_STATISTICS: dict[str, str] = {
 
 
 @dataclass(frozen=True)
+class Selection:
+    """What a part's rules may know of a run besides its values: the parts it combines (kind ->
+    part) and the model it trains (``auto`` resolved)."""
+
+    parts: Mapping[str, Part]
+    model: str
+    model_has_encoder: bool
+
+
+@dataclass(frozen=True)
 class Part:
     """One registered part of a run: a local objective, local optimizer or server optimizer.
 
@@ -188,8 +198,9 @@ class Part:
         docs' table of what each part sends and shares is generated from it); empty for the
         parts that add nothing.
     rules
-        What the part needs of the rest of a run config: a message saying what is wrong and
-        how to fix it, or None (checked with every run config, before anything runs).
+        What the part needs of the rest of a run config (its values, and the :class:`Selection`:
+        the other parts, the model): a message saying what is wrong and how to fix it, or None
+        (checked with every run config, before anything runs).
     federation_rules
         What the part needs of the federation's size (the number of nodes, one partition
         each): a message or None; checked where the size is known (``fedvls check
@@ -207,7 +218,7 @@ class Part:
     shares: tuple[str, ...] = ()
     server: str | None = None
     sends: str = ""
-    rules: Callable[[Mapping[str, Any]], str | None] | None = None
+    rules: Callable[[Mapping[str, Any], Selection], str | None] | None = None
     federation_rules: Callable[[Mapping[str, Any], int], str | None] | None = None
 
     def __post_init__(self) -> None:
@@ -305,6 +316,10 @@ PROTOCOLS: tuple[Part, ...] = (
          sends="stage 1: the site's cluster model instead of one global model; stage 2: the K frozen encoders, "
                "once per node, then the head each round"),
 )
+
+#: The kinds whose implementation runs on the server (a :class:`fedvls_flwr.algorithms.parts.ServerPart`);
+#: a part of the other kinds runs on the clients and may declare a server companion (``Part.server``).
+SERVER_KINDS = ("server-optimizer", "protocol")
 
 #: The run-config key that selects each kind of part, its registry and its default part.
 KINDS: dict[str, tuple[tuple[Part, ...], str]] = {

@@ -21,9 +21,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from fedvls_flwr.config.catalogue import DATASETS, DEFAULT_MODELS, IMAGE_DATASETS, MODELS, MODELS_WITHOUT_ENCODER, resolved_model
 from fedvls_flwr.config.fields import RunConfigFields
-from fedvls_flwr.config.general import DATASETS, DEFAULT_MODELS, GENERAL_SETTINGS, IMAGE_DATASETS, MODELS
-from fedvls_flwr.config.registry import method_settings, run_parts
+from fedvls_flwr.config.general import GENERAL_SETTINGS
+from fedvls_flwr.config.registry import Selection, method_settings, run_parts
 from fedvls_flwr.config.settings import ConfigError, Setting, closest
 
 __all__ = [
@@ -81,7 +82,7 @@ def resolve_path(value: str) -> Path:
 
 def model_name(cfg: RunConfig) -> str:
     """The model a run trains: ``model``, or the paper's model for the dataset when ``auto``."""
-    return DEFAULT_MODELS[cfg.dataset] if cfg.model == "auto" else cfg.model
+    return resolved_model(cfg.model, cfg.dataset)
 
 
 # Names people reach for that are not keys of this app: what to write instead.
@@ -140,8 +141,11 @@ def validate(cfg: RunConfig) -> None:
             "synthetic generates its clients (set synthetic-clients instead, or train-pool-size = 0)"
         )
     values = cfg.to_flower()
-    for part in run_parts(values).values():
-        if part.rules is not None and (problem := part.rules(values)) is not None:
+    parts = run_parts(values)
+    model = model_name(cfg)
+    selection = Selection(parts=parts, model=model, model_has_encoder=model not in MODELS_WITHOUT_ENCODER)
+    for part in parts.values():
+        if part.rules is not None and (problem := part.rules(values, selection)) is not None:
             raise ConfigError(problem)
     if cfg.resume and not cfg.run_name:
         raise ConfigError(

@@ -39,6 +39,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fedvls_flwr.algorithms.parts import PartContext, build_part
+from fedvls_flwr.config.registry import method_settings
+
 __all__ = ["MASK_VALUE", "PRIOR_EPS", "Objective", "FedAvgObjective", "as_float", "kl_log", "build_objective"]
 
 #: Finite stand-in for -inf: a masked logit contributes exp(MASK_VALUE - max) == 0 exactly.
@@ -95,8 +98,10 @@ class Objective:
         """It keeps this client's model for the next round (Flower's ``Context.state``)."""
         return self.teacher_output == "projections"
 
-    def __init__(self, class_counts: Tensor, params: Mapping[str, Any]) -> None:
-        counts = torch.as_tensor(class_counts)
+    def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
+        if context.class_counts is None:
+            raise ValueError("an objective is built for a client: its class counts are needed (PartContext.class_counts)")
+        counts = torch.as_tensor(context.class_counts)
         if counts.dim() != 1 or counts.numel() == 0:
             raise ValueError(f"class_counts must be a non-empty 1-D tensor, got shape {tuple(counts.shape)}")
         if counts.is_floating_point():
@@ -240,23 +245,12 @@ class FedAvgObjective(Objective):
 
 
 def build_objective(method: str, class_counts: Tensor, params: Mapping[str, Any] | None = None) -> Objective:
-    """The local objective of ``method`` for a client with ``class_counts`` (C,).
-
-    ``params``: method settings (kebab-case run-config keys, e.g. from
-    :func:`fedvls_flwr.config.registry.method_params`); the method's own keys are taken from it
-    (defaults for the missing ones) and checked against their declared rules; other
-    methods' keys are ignored, so one dict can serve every method.
-    """
-    from fedvls_flwr.config.registry import get_method, method_settings
-
-    spec = get_method(method)
+    """The objective of ``method`` for a client with ``class_counts`` (C,), with ``params``
+    (some or all of the method's keys; defaults for the others): :func:`build_part` for the
+    tests and the reference loop, which name the method and its keys directly. A key no
+    objective declares is an error, so a typo in a test cannot pass for a default."""
     known = {s.key for s in method_settings()}
     unknown = sorted(set(params or {}) - known)
     if unknown:
         raise ValueError(f"unknown objective parameter(s) {unknown}; known: {sorted(known)}")
-    values = spec.defaults()
-    for setting in spec.settings:
-        if params is not None and setting.key in params:
-            values[setting.key] = setting.coerce(params[setting.key])
-            setting.validate(values[setting.key])
-    return spec.load()(class_counts, values)
+    return build_part("method", {**(params or {}), "method": method}, PartContext(class_counts=class_counts))

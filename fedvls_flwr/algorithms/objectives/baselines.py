@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedvls_flwr.algorithms.objectives.base import MASK_VALUE, Objective, as_float, kl_log
+from fedvls_flwr.algorithms.parts import PartContext
 
 
 class FedLCObjective(Objective):
@@ -25,8 +26,8 @@ class FedLCObjective(Objective):
     name = "fedlc"
     term_names = ("ce",)
 
-    def __init__(self, class_counts: Tensor, params: Mapping[str, Any]) -> None:
-        super().__init__(class_counts, params)
+    def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
+        super().__init__(params, context)
         self.form = params["fedlc-form"]
         n = self.class_counts.double().clamp(min=1.0)  # clamp: never 0^(-1/4)
         self.margin = torch.where(
@@ -49,8 +50,8 @@ class FedNTDObjective(Objective):
     name = "fedntd"
     term_names = ("ce", "ntd")
 
-    def __init__(self, class_counts: Tensor, params: Mapping[str, Any]) -> None:
-        super().__init__(class_counts, params)
+    def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
+        super().__init__(params, context)
         if self.num_classes < 2:
             raise ValueError("FedNTD needs at least 2 classes")
         self.beta = float(params["fedntd-beta"])
@@ -92,8 +93,8 @@ class FedProxObjective(Objective):
     name = "fedprox"
     term_names = ("ce", "prox")
 
-    def __init__(self, class_counts: Tensor, params: Mapping[str, Any]) -> None:
-        super().__init__(class_counts, params)
+    def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
+        super().__init__(params, context)
         self.mu = float(params["fedprox-mu"])
         self.anchor: list[Tensor] = []
 
@@ -126,8 +127,8 @@ class FedRSObjective(Objective):
     name = "fedrs"
     term_names = ("ce",)
 
-    def __init__(self, class_counts: Tensor, params: Mapping[str, Any]) -> None:
-        super().__init__(class_counts, params)
+    def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
+        super().__init__(params, context)
         alpha = float(params["fedrs-alpha"])
         counts = self.class_counts.double()
         if params["fedrs-form"] == "binary":
@@ -156,8 +157,8 @@ class MOONObjective(Objective):
     teacher_output = "projections"
     features = "projection"
 
-    def __init__(self, class_counts: Tensor, params: Mapping[str, Any]) -> None:
-        super().__init__(class_counts, params)
+    def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
+        super().__init__(params, context)
         self.mu = float(params["moon-mu"])
         self.tau = float(params["moon-tau"])
         self.needs_teacher = self.mu != 0.0
@@ -205,8 +206,8 @@ class FedLMDObjective(Objective):
     term_names = ("ce", "lmd")
     MASK = 1000.0
 
-    def __init__(self, class_counts: Tensor, params: Mapping[str, Any]) -> None:
-        super().__init__(class_counts, params)
+    def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
+        super().__init__(params, context)
         self.beta = float(params["fedlmd-beta"])
         self.tau = float(params["fedlmd-tau"])
         counts = self.class_counts.double()
@@ -241,8 +242,8 @@ class FedDecorrObjective(Objective):
     term_names = ("ce", "decorr")
     features = "penultimate"
 
-    def __init__(self, class_counts: Tensor, params: Mapping[str, Any]) -> None:
-        super().__init__(class_counts, params)
+    def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
+        super().__init__(params, context)
         self.beta = float(params["feddecorr-beta"])
 
     def _compute_with_features(

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedvls_flwr.algorithms.objectives.base import Objective, as_float
+from fedvls_flwr.algorithms.parts import PartContext
 
 #: The authors' epsilon inside the square root of the per-class variance.
 MR_EPS = 1e-8
@@ -56,8 +57,8 @@ class FedMRObjective(Objective):
     term_names = ("ce", "deco")
     features = "penultimate"
 
-    def __init__(self, class_counts: Tensor, params: Mapping[str, Any]) -> None:
-        super().__init__(class_counts, params)
+    def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
+        super().__init__(params, context)
         self.deco = float(params["fedmr-deco"])
 
     def _compute_with_features(

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedvls_flwr.algorithms.objectives.base import MASK_VALUE, PRIOR_EPS, Objective, as_float
+from fedvls_flwr.algorithms.parts import PartContext
 
 
 class FedVLSObjective(Objective):
@@ -32,8 +33,8 @@ class FedVLSObjective(Objective):
     paper = False
     logit_weight_key = "logit-weight"
 
-    def __init__(self, class_counts: Tensor, params: Mapping[str, Any]) -> None:
-        super().__init__(class_counts, params)
+    def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
+        super().__init__(params, context)
         self.lambda_dis = float(params["lambda-dis"])
         self.logit_weight = float(params[self.logit_weight_key])
         self.use_dis = bool(params["use-dis"]) and self.num_vacant >= 2 and self.lambda_dis != 0.0
