@@ -1,5 +1,6 @@
 """The ``fedvls`` command: one entry point for the tools users type.
 
+    fedvls run    --run-config "..."      one experiment in this process (the in-process engine)
     fedvls check  --run-config "..."      a run config, before flwr run spends anything
     fedvls sweep  conf/PRESET.yaml -o DIR  a preset's runs, resumable, then the report
     fedvls report RUNS_DIR                 tables and plots from finished run folders
@@ -20,6 +21,7 @@ from fedvls_flwr.ops.processes import stopped_cleanly_on_termination
 
 #: command -> (module with ``main(argv) -> int``, one line of help)
 COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("fedvls_flwr.experiments.run", "run one experiment in this process (no SuperLink, no Ray)"),
     "check": ("fedvls_flwr.experiments.check", "check a run config before submitting it"),
     "sweep": ("fedvls_flwr.experiments.sweep", "run a YAML preset as flwr runs, then tabulate"),
     "report": ("fedvls_flwr.experiments.report", "tables and plots from run folders"),

@@ -4,12 +4,12 @@ weights between Flower's ArrayRecord and numpy (shapes and dtypes kept)."""
 from __future__ import annotations
 
 import re
+import sys
 import time
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.superlink.grid import InMemoryGrid
 
 #: Seconds between two asks for replies: the simulation's in-memory Grid (a lookup in
 #: memory; Flower's default 0.1 s ends every round on the next 0.1 s tick after its last
@@ -19,9 +19,18 @@ DEPLOYMENT_PULL_INTERVAL = 0.2
 
 
 def is_simulation(grid: Grid) -> bool:
-    """Flower 1.41 runs simulations on its ``InMemoryGrid``, with every node registered
-    when the run starts; any other Grid talks to a SuperLink whose nodes come and go."""
-    return isinstance(grid, InMemoryGrid)
+    """Whether every node was registered when the run started: Flower 1.41's simulation (its
+    ``InMemoryGrid``) and the in-process engine's grid. Any other Grid talks to a SuperLink whose
+    nodes come and go."""
+    return getattr(grid, "every_node_registered", False) or runs_on_ray(grid)
+
+
+def runs_on_ray(grid: Grid) -> bool:
+    """Whether ``grid`` is Flower's simulation Grid (its clients run in Ray). Its module is looked
+    up, not imported: a process that never loaded it (a deployment's, the in-process engine's)
+    holds no such Grid, and importing it costs the ClientApp most of a second."""
+    inmemory = sys.modules.get("flwr.superlink.grid.inmemory_grid")
+    return inmemory is not None and isinstance(grid, inmemory.InMemoryGrid)
 
 
 def pull_interval(grid: Grid) -> float:

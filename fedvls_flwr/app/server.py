@@ -31,7 +31,7 @@ from fedvls_flwr.algorithms.diagnostics import local_update_view
 from fedvls_flwr.algorithms.run_model import build_run_model
 from fedvls_flwr.algorithms.training import evaluate, resolve_device
 from fedvls_flwr.app.events import ROUND_END, emit
-from fedvls_flwr.app.messages import is_simulation, to_array_record, to_numpy_dict
+from fedvls_flwr.app.messages import is_simulation, runs_on_ray, to_array_record, to_numpy_dict
 from fedvls_flwr.app.ray_address import check_ray_address, ray_address
 from fedvls_flwr.app.results import (
     CONFIG_FILE,
@@ -118,7 +118,7 @@ class ServerRun:
         self.t_start = time.perf_counter()
         self.grid, self.cfg = grid, cfg
         check_tracking(cfg)  # a missing tracker package: said before the dataset or a round
-        if is_simulation(grid) and (joined := ray_address()) is not None and (problem := check_ray_address(joined)):
+        if runs_on_ray(grid) and (joined := ray_address()) is not None and (problem := check_ray_address(joined)):
             # Logged, not only raised: Flower 1.41 keeps a ServerApp's exception until its Ray backend's
             # ray.init returns, and ray.init keeps retrying an address nothing answers (docs/ray-cluster.md)
             message = (f"this simulation was started with {problem}. No round will start: stop this run "

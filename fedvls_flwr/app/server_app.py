@@ -5,12 +5,15 @@ top-level ``server_app.py`` of the app folder, which only re-exports it: the ins
 package claims no top-level name but its own (an app folder may also name
 ``fedvls_flwr.app.server_app:app`` directly, docs/contributing.md)."""
 
-from flwr.app import Context
+from flwr.app import ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedvls_flwr.app.results import check_resume_target
 from fedvls_flwr.app.tracking import check_tracking
 from fedvls_flwr.config.run_config import parse_run_config  # no torch: a bad value fails before any heavy import
+
+#: The ServerApp Context's record of the run it ran.
+RUN_RECORD = "fedvls-run"
 
 app = ServerApp()
 
@@ -22,4 +25,6 @@ def main(grid: Grid, context: Context) -> None:
     check_resume_target(cfg)  # resume=true of a run folder that does not exist: said now, not a silent new run
     from fedvls_flwr.app.server import run_experiment
 
-    run_experiment(grid, cfg)
+    run_dir = run_experiment(grid, cfg)
+    # what the ServerApp leaves in its Context: where the run went (read by the in-process engine)
+    context.state[RUN_RECORD] = ConfigRecord({"run-dir": str(run_dir)})
