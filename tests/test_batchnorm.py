@@ -140,9 +140,9 @@ def test_check_command_warns_about_a_1x1_map(capsys):
 
 
 def test_check_command_warns_about_resnet18_imagenet_on_fashion_mnist(capsys, tmp_path):
-    from tests.test_fmnist import write_fmnist
+    from tests.tiny_data import write_idx_dataset
 
-    write_fmnist(tmp_path / "FashionMNIST" / "raw", n_train=40, n_test=10)
+    write_idx_dataset(tmp_path / "FashionMNIST" / "raw", n_train=40, n_test=10)
     data = f"dataset='fmnist' data-dir='{tmp_path}'"
     assert check_main(["--run-config", data + " model='resnet18-imagenet'"]) == 0
     assert "warning: model 'resnet18-imagenet' reduces 1x28x28 inputs to a 1x1 feature map" in capsys.readouterr().err

@@ -32,10 +32,10 @@ RUNS = {
 
 
 def test_batchnorm_models_with_short_last_batches_train_three_rounds(tmp_path):
-    from tests.test_fmnist import write_fmnist
+    from tests.tiny_data import write_idx_dataset
 
     data_dir, out = tmp_path / "data", tmp_path / "runs"
-    write_fmnist(data_dir / "FashionMNIST" / "raw", n_train=130, n_test=30)
+    write_idx_dataset(data_dir / "FashionMNIST" / "raw", n_train=130, n_test=30)
     outcomes = {}
     with LocalSuperLink(tmp_path / "flwr-home") as link:
         for name, (config, nodes, _) in RUNS.items():

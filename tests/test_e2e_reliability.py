@@ -12,10 +12,11 @@ from fedvls_flwr.app.results import read_rounds
 from fedvls_flwr.ops.launch import PROJECT_DIR, LocalSuperLink
 from tests.fault_injection import FAULT_ENV, fault_app
 from tests.processes import assert_none_left, kill_now, processes_with_home, wait_for_saved_round
+from tests.runs import DIGITS_RUN
 
 pytestmark = pytest.mark.e2e
 
-BASE = {"dataset": "digits", "method": "fedvls", "local-epochs": 1, "dirichlet-beta": 0.5}
+BASE = {**DIGITS_RUN, "method": "fedvls"}
 FEDERATION = {"num-supernodes": 3, "client-resources-num-cpus": 1}
 
 

@@ -7,6 +7,7 @@ import types
 from contextlib import closing
 
 import numpy as np
+import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from fedvls_flwr.app import protocol
@@ -17,7 +18,9 @@ from fedvls_flwr.app.server import _devices_text, count_by
 from fedvls_flwr.app.strategy import CheckedFedAvg
 from fedvls_flwr.config.run_config import RunConfig
 from fedvls_flwr.ops.processes import free_port
-from tests.test_strategy import GLOBAL, reply, run_identity  # noqa: F401 - the fixture is used by name
+from tests.test_strategy import GLOBAL, reply
+
+pytestmark = pytest.mark.usefixtures("run_identity")  # for the messages reply() builds, as in test_strategy
 
 
 def fake_ray(initialised: bool, node_id: str = "a1b2") -> types.ModuleType:
