@@ -1,4 +1,4 @@
-"""Issue 31, item 3: real `flwr run` simulations on a real 2-node Ray cluster on this machine.
+"""Real `flwr run` simulations on a real 2-node Ray cluster on this machine.
 
 A head and one worker are started with ``ray start`` (each its own ``--temp-dir``, its own
 ports, ``--node-ip-address=127.0.0.1``) and stopped by PID, never with ``ray stop`` (which

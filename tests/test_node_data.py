@@ -273,7 +273,7 @@ def test_image_format_table_matches_the_loaders():
         assert (f.shape, f.num_classes) == (shape, k)
 
 
-# ---- issue 26: node data with new inputs ---------------------------------------------------
+# ---- node data: odd folders, links and files ------------------------------------------------
 def folder_node(root, **extra):
     return {"dataset": "folder", "data-dir": str(root), "classes": DIGITS, "cache-dir": "", **extra}
 
@@ -339,8 +339,8 @@ def test_a_directory_named_like_an_image_is_a_sub_folder(tmp_path):
 
 
 def test_a_symlink_loop_is_refused_not_read_forty_times(tmp_path):
-    """Was: a link from a class folder to itself was followed until the kernel's limit
-    of 40 links: 2 images became 82 samples, silently."""
+    """Followed, a link from a class folder to itself would be read until the kernel's limit
+    of 40 links: 2 images would become 82 samples, silently."""
     root = tmp_path / "site"
     write_digit_folder(root, [1], per_class=2)
     (root / "1" / "again").symlink_to(root / "1")

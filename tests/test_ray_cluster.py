@@ -1,5 +1,5 @@
-"""Where each client ran (issue 31, item 2) and the checks of a run meant for an existing Ray
-cluster (item 1), without Flower or Ray running."""
+"""Where each client ran, and the checks of a run meant for an existing Ray cluster, without
+Flower or Ray running."""
 
 import socket
 import sys
