@@ -46,3 +46,16 @@ def check_results(run_dir: Path, accepted: int) -> list[dict]:
     assert summary["final_round"] == 2
     assert (run_dir / "model_final.npz").stat().st_size > 0
     return rounds
+
+
+def deployed(tmp_path: Path, config: dict, env: dict[str, str], nodes: int = 2) -> Path:
+    """``config`` run by the one-machine launcher on ``nodes`` SuperNodes (no TLS) in
+    ``tmp_path``/work: it completed and left no process behind. Returns its run folder."""
+    from fedvls_flwr.deploy.local import run_local
+    from tests.processes import leftovers
+
+    outcome, run_dir, pids = run_local(nodes, secure=False, auth=False, run_config=config, workdir=tmp_path / "work",
+                                       timeout=600, echo=False, env_extra=env)
+    assert outcome.completed, f"{outcome.status}\n{outcome.log[-4000:]}"
+    assert leftovers(pids, tmp_path) == []
+    return run_dir

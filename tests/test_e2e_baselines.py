@@ -12,10 +12,8 @@ import torch
 from fedvls_flwr.algorithms.run_model import build_run_model
 from fedvls_flwr.app.results import MODEL_FILE, load_arrays, read_rounds
 from fedvls_flwr.config.run_config import parse_run_config
-from fedvls_flwr.deploy.local import run_local
 from fedvls_flwr.ops.launch import LocalSuperLink
-from tests.processes import leftovers
-from tests.runs import DIGITS_RUN
+from tests.runs import DIGITS_RUN, deployed
 
 pytestmark = pytest.mark.e2e
 
@@ -68,11 +66,6 @@ def test_client_state_survives_between_rounds_in_deployment(tmp_path, node_env):
     and the carried momentum must come back through Flower's Context.state."""
     config = {**BASE, **RUNS["moon-sam-carry-fedexp"], "output-dir": str(tmp_path / "runs"), "run-name": "moon",
               "min-nodes": 2, "round-timeout": 300.0}
-    outcome, run_dir, pids = run_local(
-        2, secure=False, auth=False, run_config=config, workdir=tmp_path / "work", timeout=600, echo=False,
-        env_extra=node_env,
-    )
-    assert outcome.completed, f"{outcome.status}\n{outcome.log[-4000:]}"
-    assert leftovers(pids, tmp_path) == []
+    run_dir = deployed(tmp_path, config, node_env)
     rounds = check_run(run_dir, config)
     assert rounds[1]["train"]["train-con"] == 0.0 and rounds[3]["train"]["train-con"] > 0.0

@@ -14,11 +14,10 @@ import numpy as np
 import pytest
 
 from fedvls_flwr.app.results import MODEL_FILE, load_arrays, read_rounds
-from fedvls_flwr.deploy.local import run_local
 from fedvls_flwr.experiments.report import make_report
 from fedvls_flwr.ops.launch import LocalSuperLink
-from tests.processes import assert_none_left, kill_now, leftovers, processes_with_home, wait_for_saved_round
-from tests.runs import DIGITS_RUN
+from tests.processes import assert_none_left, kill_now, processes_with_home, wait_for_saved_round
+from tests.runs import DIGITS_RUN, deployed
 
 pytestmark = pytest.mark.e2e
 
@@ -70,12 +69,7 @@ def test_fedconcat_four_rounds_in_simulation_plain_and_with_fedvls(tmp_path):
 def test_fedconcat_in_deployment_every_node_keeps_the_encoders(tmp_path, node_env):
     config = {**BASE, "method": "fedavg", "output-dir": str(tmp_path / "runs"), "run-name": "fc",
               "min-nodes": 2, "round-timeout": 300.0}
-    outcome, run_dir, pids = run_local(
-        2, secure=False, auth=False, run_config=config, workdir=tmp_path / "work", timeout=600, echo=False,
-        env_extra=node_env,
-    )
-    assert outcome.completed, f"{outcome.status}\n{outcome.log[-4000:]}"
-    assert leftovers(pids, tmp_path) == []
+    run_dir = deployed(tmp_path, config, node_env)
     check(run_dir, 2)
 
 
