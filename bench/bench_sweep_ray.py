@@ -1,5 +1,5 @@
 """What one Ray for the whole sweep saves: the same short sweep with a Ray per run, then with
-one shared Ray head (``fedvls sweep``'s default since issue 31), wall time and accuracies.
+one shared Ray head (``fedvls sweep``'s default), wall time and accuracies.
 
     python bench/bench_sweep_ray.py                         # 6 digits runs, 2 rounds, 4 clients
     python bench/bench_sweep_ray.py --out docs/results/sweep-shared-ray/bench.md
@@ -84,7 +84,7 @@ def main() -> int:
         "",
         "| sweep | wall time (s) |",
         "|---|---|",
-        f"| a Ray per run (`--no-shared-ray`, as before) | {per_run_s:.1f} |",
+        f"| a Ray per run (`--no-shared-ray`) | {per_run_s:.1f} |",
         f"| one Ray for the sweep (default) | {shared_s:.1f} |",
         f"| ratio shared / per run | {shared_s / per_run_s:.2f} |",
         "",

@@ -37,8 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fedvls_flwr.app.results import read_rounds  # noqa: E402
 from fedvls_flwr.ops.launch import LocalSuperLink  # noqa: E402
-from tests.test_e2e_cifar import MD5_ENV, SITECUSTOMIZE, write_tiny_cifar10  # noqa: E402
-from tests.test_fmnist import write_fmnist  # noqa: E402
+from tests.tiny_data import MD5_ENV, SITECUSTOMIZE, write_idx_dataset, write_tiny_cifar10  # noqa: E402
 
 
 def summarize_rounds(name: str, status: str, rounds: list[dict], want_cuda: bool) -> dict:
@@ -102,7 +101,7 @@ def main() -> int:
     per_batch = 50 if args.cpu else 1000
     sums = write_tiny_cifar10(data, per_batch=per_batch, n_test=200 if args.cpu else 1000)
     n_fmnist = 800 if args.cpu else 12000
-    write_fmnist(data / "FashionMNIST" / "raw", n_train=n_fmnist, n_test=400 if args.cpu else 2000)
+    write_idx_dataset(data / "FashionMNIST" / "raw", n_train=n_fmnist, n_test=400 if args.cpu else 2000)
     shim = work / "shim"
     shim.mkdir()
     (shim / "sitecustomize.py").write_text(SITECUSTOMIZE)

@@ -171,7 +171,7 @@ CASES: tuple[Case, ...] = (
     check("resume-other-lr", "resume with other settings (lr changed)",
           "output-dir='{tmp}/runs' run-name='ok' resume=true lr=0.5", "--no-data", fast=True,
           setup=run_folder("ok", 2)),
-    # new in round three (issue 26)
+    # the federation's size and the fraction of it sampled
     check("min-nodes-above", "`min-nodes=6` on 4 nodes (new)", "min-nodes=6", "--num-supernodes", "4", "--no-data"),
     check("rounds-1e9", "`num-server-rounds=1000000000` (new)", "num-server-rounds=1000000000", "--num-supernodes", "10",
           fast=False),
@@ -231,7 +231,7 @@ CASES: tuple[Case, ...] = (
     node_data("node-dangling", "node data: an unreadable image (a dangling symbolic link; root reads chmod 000 "
               "files, so this stands for one)", "dangling"),
     node_data("node-not-an-image", "node data: a `.png` that is not an image", "not-an-image"),
-    # reports (new)
+    # reports
     Case("report-missing", "report of a path that does not exist (new)", REPORT + ("{tmp}/nope",), fast=True),
     Case("report-empty", "report of an empty folder (new)", REPORT + ("{tmp}",), fast=True),
     Case("report-unfinished", "report of runs still going or failed (new)", REPORT + ("{tmp}/runs",), fast=True,
@@ -242,7 +242,7 @@ CASES: tuple[Case, ...] = (
           "--federation-config", "num-supernodes=4 init-args-num-cpus=2", env=NO_RAY),
     Case("sweep-ray-unreachable", "sweep with a `RAY_ADDRESS` that nothing answers (new)", SWEEP + (
         "bench/sweep-digits-small.yaml", "-o", "{tmp}/out"), env=NO_RAY),
-    # the paper's last rows: FedMR, FedGF, FedConcat (new)
+    # the paper's last rows: FedMR, FedGF, FedConcat
     check("fedmr-deco-negative", "FedMR `fedmr-deco=-1` (new)", "method='fedmr' fedmr-deco=-1", "--no-data"),
     check("fedgf-c-range", "FedGF `fedgf-c=1.5` (new)", "local-optimizer='fedgf' fedgf-c=1.5", "--no-data"),
     check("fedgf-mode-typo", "FedGF `fedgf-c-mode='adaptiv'` (new)", "local-optimizer='fedgf' fedgf-c-mode='adaptiv'",

@@ -48,20 +48,15 @@ def run_folder(name: str, rounds: int, damage: Callable[[Path], None] | None = N
     """A digits run of 4 rounds stopped after ``rounds`` (as a killed server leaves it), made by
     the real server code on a fake Grid (tests/test_resume.py), then ``damage``d."""
     def setup(tmp: Path) -> None:
-        from flwr.supercore.task_identity import TaskIdentity
-
         from fedvls_flwr.app.server import run_experiment
         from fedvls_flwr.config.run_config import RunConfig
+        from tests.runs import flower_run_identity
         from tests.test_resume import TrainingGrid
 
-        old = TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id
-        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1  # messages need one
         cfg = RunConfig(dataset="digits", num_server_rounds=4 if finished else rounds,
                         output_dir=str(tmp / "runs"), run_name=name)
-        try:
+        with flower_run_identity():  # Flower's messages need one
             run_dir = run_experiment(TrainingGrid(), cfg)
-        finally:
-            TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = old
         if not finished:
             (run_dir / "summary.json").unlink()
             (run_dir / "model_final.npz").unlink()

@@ -1,23 +1,30 @@
-"""The fence's tests need nginx (a Debian package; .ci/run installs it).
+"""The fence's tests need nginx (a Debian package; .ci/run installs it), and the namespace
+test also Linux network namespaces (netns.py).
 
-Skipped with the reason when nginx is not installed, except where ``FEDVLS_REQUIRE_NGINX=1``
-(CI sets it): there a missing nginx fails the test instead of hiding it.
+Without them a test is skipped with the reason, except where CI sets ``FEDVLS_REQUIRE_NGINX=1``
+(or ``FEDVLS_REQUIRE_NETNS=1``): there it fails instead of hiding what is missing.
 """
 
 from __future__ import annotations
 
 import os
+from typing import NoReturn
 
 import pytest
 
 from fedvls_flwr.deploy.fence import INSTALL_HINT, find_nginx
 
 
-@pytest.fixture(name="nginx")
-def nginx_binary() -> str:
+def skip_or_fail(reason: str, required_by: str) -> NoReturn:
+    """Skip the test for ``reason``; fail it where the environment variable ``required_by`` is 1."""
+    if os.environ.get(required_by) == "1":
+        pytest.fail(f"{required_by}=1 but {reason}")
+    pytest.skip(reason)
+
+
+def find_or_skip() -> str:
+    """nginx's path (the fixture ``nginx`` in conftest.py)."""
     found = find_nginx()
     if found is None:
-        if os.environ.get("FEDVLS_REQUIRE_NGINX") == "1":
-            pytest.fail(f"FEDVLS_REQUIRE_NGINX=1 but {INSTALL_HINT}")
-        pytest.skip(INSTALL_HINT)
+        skip_or_fail(INSTALL_HINT, "FEDVLS_REQUIRE_NGINX")
     return found

@@ -1,4 +1,4 @@
-"""BatchNorm and small batches (issue 23): a short last batch joins the one before it for
+"""BatchNorm and small batches: a short last batch joins the one before it for
 BatchNorm models only, a client of one sample fails with a clear message, and a model that
 reaches a 1x1 feature map at a BatchNorm layer is named at start-up."""
 
@@ -47,7 +47,7 @@ def _train(model, n, cfg, shape=(1, 4, 4)):
 @pytest.mark.parametrize(
     "n, batch, batchnorm, expected",
     [
-        (65, 64, True, [(0, 65)]),  # the issue's 2 x 65 images: one step of 65, not 64 + 1
+        (65, 64, True, [(0, 65)]),  # 65 images, batch 64: one step of 65, not 64 + 1
         (65, 64, False, [(0, 64), (64, 65)]),  # without BatchNorm: unchanged
         (290, 32, True, [(i, i + 32) for i in range(0, 256, 32)] + [(256, 290)]),  # 32 + 2 -> one of 34
         (100, 64, True, [(0, 64), (64, 100)]),  # a last batch of 36 >= 32 stays
@@ -65,14 +65,14 @@ def test_batch_bounds(n, batch, batchnorm, expected):
 
 
 def test_batchnorm_model_trains_when_n_mod_batch_is_one():
-    """Failed before the fix: 'Expected more than 1 value per channel when training'."""
+    """A last batch of one sample would fail: 'Expected more than 1 value per channel when training'."""
     res = _train(_bn_at_1x1(), 17, _cfg())  # 8 + 8 + 1
     assert res.steps == 2 * 2 and res.num_examples == 17
     assert all(torch.isfinite(torch.tensor([res.loss, *res.terms.values()])))
 
 
 def test_resnet18_imagenet_on_28x28_with_a_last_batch_of_one():
-    """The issue's model and image size (its last stage runs at 1x1), one epoch of 4 + 1 samples."""
+    """ResNet-18 (ImageNet stem) on 28x28 images (its last stage runs at 1x1), one epoch of 4 + 1 samples."""
     model = build_model("resnet18-imagenet", (1, 28, 28), 5)
     res = _train(model, 5, _cfg(local_epochs=1, batch_size=4), shape=(1, 28, 28))
     assert res.steps == 1 and all(torch.isfinite(p).all() for p in model.state_dict().values())
@@ -140,9 +140,9 @@ def test_check_command_warns_about_a_1x1_map(capsys):
 
 
 def test_check_command_warns_about_resnet18_imagenet_on_fashion_mnist(capsys, tmp_path):
-    from tests.test_fmnist import write_fmnist
+    from tests.tiny_data import write_idx_dataset
 
-    write_fmnist(tmp_path / "FashionMNIST" / "raw", n_train=40, n_test=10)
+    write_idx_dataset(tmp_path / "FashionMNIST" / "raw", n_train=40, n_test=10)
     data = f"dataset='fmnist' data-dir='{tmp_path}'"
     assert check_main(["--run-config", data + " model='resnet18-imagenet'"]) == 0
     assert "warning: model 'resnet18-imagenet' reduces 1x28x28 inputs to a 1x1 feature map" in capsys.readouterr().err

@@ -61,7 +61,7 @@ def test_serverapp_validates_before_importing_torch_or_touching_the_grid(tmp_pat
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     lines = out.stdout.strip().splitlines()
-    if resume_missing:  # was: a new run, started without a word
+    if resume_missing:  # not a new run, started without a word
         assert lines[0].startswith(f"ConfigError run config 'resume' = true but there is no run folder {tmp_path / 'gone'}")
     else:
         assert lines[0] == "ConfigError run config 'dirichlet-beta' = -1.0: must be > 0 (e.g. 0.5, 0.1, 0.05)"
@@ -88,7 +88,7 @@ def test_deploy_launcher_checks_before_starting_anything(args, message, capsys, 
     assert "nothing started" in err and message in err
 
 
-# ---- issue 16: everything below fails in `check`, in seconds, not in the run -------------
+# ---- everything below fails in `check`, in seconds, not in the run -----------------------
 
 
 @pytest.mark.parametrize(
@@ -97,13 +97,13 @@ def test_deploy_launcher_checks_before_starting_anything(args, message, capsys, 
         ("lr=", "'lr=' has no value"),                              # Flower: dropped, default lr used
         ("lr", "'lr' is not key=value"),
         ("lr=0.1 momentum", "'momentum' after 'lr=0.1' is not key=value"),
-        ("lr=inf", "'lr' = inf: must be a finite number"),           # was: ok, then NonFiniteLossError
+        ("lr=inf", "'lr' = inf: must be a finite number"),           # the run: NonFiniteLossError
         ("momentum=nan", "'momentum' = nan: must be a finite number"),
-        ("seed=-1", "'seed' = -1: must be >= 0"),                    # was: ok, clients failed after 44 s
+        ("seed=-1", "'seed' = -1: must be >= 0"),                    # the run: clients fail after 44 s
         ("num-server-round=3", "did you mean 'num-server-rounds'?"),
     ],
 )
-def test_check_rejects_what_used_to_pass(run_config, message, capsys):
+def test_check_rejects_what_flower_would_drop_or_the_run_would_fail_on(run_config, message, capsys):
     assert main(["--run-config", run_config, "--no-data"]) == 2
     assert message in capsys.readouterr().err
 
@@ -184,11 +184,11 @@ def test_deploy_launcher_rejects_what_flower_would_drop(capsys, monkeypatch):
     assert "nothing started" in err and "--node-config: 'num-partitions=' after 'partition-id=0' has no value" in err
 
 
-# ---- issue 26: runs that can never start, or cannot be meant --------------------------
+# ---- runs that can never start, or cannot be meant ------------------------------------
 
 
 def test_min_nodes_above_the_federation_is_refused_whenever_check_knows_its_size(capsys):
-    """Was: 'ok', then the run logged 'waiting for nodes: 4 connected, 6 needed' for ever."""
+    """Not 'ok': the run would log 'waiting for nodes: 4 connected, 6 needed' for ever."""
     assert main(["--run-config", "min-nodes=6", "--num-supernodes", "4", "--no-data"]) == 2
     err = capsys.readouterr().err
     assert "'min-nodes' = 6 but the federation has 4 SuperNode(s)" in err and "at most 4" in err

@@ -72,7 +72,7 @@ FLOAT_KEYS = sorted(k for k, v in RunConfig().to_flower().items() if isinstance(
 
 
 def test_every_float_key_is_covered():
-    # the list: lr, momentum, weight decay, lambdas, taus, betas, timeouts, ...
+    # the float settings a typo or an inf could hit: lr, momentum, weight decay, lambdas, taus, betas, timeouts, ...
     assert {"lr", "momentum", "weight-decay", "lambda-dis", "fedlc-tau", "fedntd-tau", "fedntd-beta",
             "dirichlet-beta", "logit-weight", "paper-logit-weight", "round-timeout", "fraction-train",
             "min-fit-fraction", "synthetic-alpha", "synthetic-beta"} <= set(FLOAT_KEYS)

@@ -1,6 +1,6 @@
 """Every registered method, local optimizer, server optimizer and protocol (each stage) has a
 measured cost row in docs/performance.md's table, which bench/bench_parts.py writes: a part
-added without its cost measured fails here (issue 30: the docs say what each method costs)."""
+added without its cost measured fails here (the docs say what each method costs)."""
 
 import re
 from pathlib import Path

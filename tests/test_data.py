@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import pickle
 import shutil
-import struct
 from pathlib import Path
 
 import numpy as np
@@ -19,19 +17,14 @@ import pytest
 import torch
 
 from fedvls_flwr.data import datasets as D
+from tests.tiny_data import pickle_file, write_idx_dataset
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 HAVE_MNIST10K = (SHARED / "MNIST" / "raw" / "t10k-images-idx3-ubyte.gz").is_file() and (
     SHARED / "MNIST" / "raw" / "t10k-labels-idx1-ubyte.gz"
 ).is_file()
 needs_mnist10k = pytest.mark.skipif(not HAVE_MNIST10K, reason=f"{SHARED}/MNIST/raw not present")
-
-
-@pytest.fixture(autouse=True)
-def _fresh_cache():
-    D.clear_cache()
-    yield
-    D.clear_cache()
+pytestmark = pytest.mark.usefixtures("fresh_dataset_cache")
 
 
 def _md5(path: Path) -> str:
@@ -204,7 +197,7 @@ def test_mnist_partial_folder_names_missing_files(tmp_path):
 def test_failed_load_is_not_cached(tmp_path):
     with pytest.raises(D.DatasetNotFoundError):
         D.load_dataset("mnist", tmp_path)
-    _write_fake_mnist(tmp_path, n_train=30, n_test=20)
+    write_idx_dataset(tmp_path / "MNIST" / "raw", n_train=30, n_test=20)
     assert D.load_dataset("mnist", tmp_path).num_train == 30
 
 
@@ -212,29 +205,8 @@ def test_failed_load_is_not_cached(tmp_path):
 # full MNIST through torchvision's loader, on a tiny IDX folder
 
 
-def _idx_bytes(arr: np.ndarray) -> bytes:
-    magic = 0x0800 | arr.ndim  # unsigned byte type
-    return struct.pack(">I", magic) + b"".join(struct.pack(">I", d) for d in arr.shape) + arr.tobytes()
-
-
-def _write_fake_mnist(root: Path, n_train: int, n_test: int, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    raw = root / "MNIST" / "raw"
-    raw.mkdir(parents=True, exist_ok=True)
-    out = {}
-    for split, n in (("train", n_train), ("t10k", n_test)):
-        x = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
-        y = (np.arange(n) % 10).astype(np.uint8)
-        with gzip.open(raw / f"{split}-images-idx3-ubyte.gz", "wb") as f:
-            f.write(_idx_bytes(x))
-        with gzip.open(raw / f"{split}-labels-idx1-ubyte.gz", "wb") as f:
-            f.write(_idx_bytes(y))
-        out[split] = (x, y)
-    return out
-
-
 def test_mnist_through_torchvision(tmp_path):
-    src = _write_fake_mnist(tmp_path, n_train=50, n_test=20)
+    src = write_idx_dataset(tmp_path / "MNIST" / "raw", n_train=50, n_test=20)
     b = D.load_dataset("mnist", tmp_path)  # .gz only: decompressed in place, then torchvision reads
     assert (tmp_path / "MNIST" / "raw" / "train-images-idx3-ubyte").is_file()
     assert b.train_x.shape == (50, 1, 28, 28) and b.test_x.shape == (20, 1, 28, 28)
@@ -249,11 +221,6 @@ def test_mnist_through_torchvision(tmp_path):
 # CIFAR-10 / CIFAR-100 through torchvision's loader, on tiny folders in the real format
 
 
-def _pickle(path: Path, obj) -> None:
-    with open(path, "wb") as f:
-        pickle.dump(obj, f, protocol=2)
-
-
 def _write_fake_cifar10(root: Path, per_batch: int = 6, n_test: int = 8, seed: int = 0):
     rng = np.random.default_rng(seed)
     folder = root / "cifar-10-batches-py"
@@ -262,7 +229,7 @@ def _write_fake_cifar10(root: Path, per_batch: int = 6, n_test: int = 8, seed: i
     for i in range(1, 6):
         x = rng.integers(0, 256, size=(per_batch, 3072), dtype=np.uint8)
         y = [int(v) for v in rng.integers(0, 10, size=per_batch)]
-        _pickle(folder / f"data_batch_{i}", {
+        pickle_file(folder / f"data_batch_{i}", {
             "batch_label": f"training batch {i} of 5", "labels": y, "data": x,
             "filenames": [f"img_{i}_{j}.png" for j in range(per_batch)],
         })
@@ -270,10 +237,10 @@ def _write_fake_cifar10(root: Path, per_batch: int = 6, n_test: int = 8, seed: i
         ys += y
     xt = rng.integers(0, 256, size=(n_test, 3072), dtype=np.uint8)
     yt = [int(v) for v in rng.integers(0, 10, size=n_test)]
-    _pickle(folder / "test_batch", {"batch_label": "testing batch 1 of 1", "labels": yt, "data": xt,
+    pickle_file(folder / "test_batch", {"batch_label": "testing batch 1 of 1", "labels": yt, "data": xt,
                                     "filenames": [f"t_{j}.png" for j in range(n_test)]})
     names = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
-    _pickle(folder / "batches.meta", {"num_cases_per_batch": per_batch, "label_names": names, "num_vis": 3072})
+    pickle_file(folder / "batches.meta", {"num_cases_per_batch": per_batch, "label_names": names, "num_vis": 3072})
     return np.concatenate(xs), np.array(ys), xt, np.array(yt), names
 
 
@@ -285,11 +252,11 @@ def _write_fake_cifar100(root: Path, n_train: int = 12, n_test: int = 6, seed: i
     for split, n in (("train", n_train), ("test", n_test)):
         x = rng.integers(0, 256, size=(n, 3072), dtype=np.uint8)
         fine = [int(v) for v in rng.integers(0, 100, size=n)]
-        _pickle(folder / split, {"filenames": [f"{split}_{j}.png" for j in range(n)], "batch_label": split,
+        pickle_file(folder / split, {"filenames": [f"{split}_{j}.png" for j in range(n)], "batch_label": split,
                                  "fine_labels": fine, "coarse_labels": [f // 5 for f in fine], "data": x})
         out += [x, np.array(fine)]
     names = [f"class_{i:02d}" for i in range(100)]
-    _pickle(folder / "meta", {"fine_label_names": names, "coarse_label_names": [f"super_{i}" for i in range(20)]})
+    pickle_file(folder / "meta", {"fine_label_names": names, "coarse_label_names": [f"super_{i}" for i in range(20)]})
     return (*out, names)
 
 

@@ -39,7 +39,6 @@ from fedvls_flwr.deploy.local import report as _report
 from fedvls_flwr.ops.flower_cli import RunOutcome
 from fedvls_flwr.ops.launch import LocalSuperLink
 from fedvls_flwr.ops.processes import PortRangeError, free_port, parse_port_range
-from tests.nginx import nginx_binary  # noqa: F401 - the fixture `nginx`
 
 # ---------------------------------------------------------------------------
 # ports

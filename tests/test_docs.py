@@ -1,7 +1,8 @@
 """The docs name only what exists: every run-config / node-config / federation key in a
 command line of README.md or docs/*.md is a real key, and every flag given to a
 ``fedvls`` command, a ``python -m fedvls_flwr`` command or a script in ``bench/`` and
-``scripts/`` is one that command accepts (its ``--help`` lists it)."""
+``scripts/`` is one that command accepts (its ``--help`` lists it); every relative link and
+anchor resolves; docs/README.md lists every page of docs/, and README.md links it."""
 
 import contextlib
 import io
@@ -137,3 +138,12 @@ def test_relative_links_and_anchors_resolve(where, target):
     if anchor and dest.suffix == ".md":
         anchors = {_anchor(h) for h in re.findall(r"^#+ (.+)$", dest.read_text(), flags=re.M)}
         assert anchor in anchors, f"{where}: link to {target}: no heading with anchor #{anchor} in {dest.name}"
+
+
+def test_the_docs_index_lists_every_page():
+    index = (ROOT / "docs" / "README.md").read_text()
+    listed = set(re.findall(r"^\s*\d+\. \[[^]]+\]\(([\w.-]+\.md)\) - \S", index, flags=re.M))
+    pages = {p.name for p in (ROOT / "docs").glob("*.md")} - {"README.md"}
+    assert pages - listed == set(), f"docs/README.md does not list {sorted(pages - listed)} (one line a page: what it is for)"
+    assert listed - pages == set(), f"docs/README.md lists pages that do not exist: {sorted(listed - pages)}"
+    assert "](docs/README.md)" in (ROOT / "README.md").read_text(), "README.md does not link docs/README.md"

@@ -12,13 +12,12 @@ import torch
 from fedvls_flwr.algorithms.run_model import build_run_model
 from fedvls_flwr.app.results import MODEL_FILE, load_arrays, read_rounds
 from fedvls_flwr.config.run_config import parse_run_config
-from fedvls_flwr.deploy.local import run_local
 from fedvls_flwr.ops.launch import LocalSuperLink
-from tests.processes import leftovers
+from tests.runs import DIGITS_RUN, deployed
 
 pytestmark = pytest.mark.e2e
 
-BASE = {"dataset": "digits", "local-epochs": 1, "dirichlet-beta": 0.5, "num-server-rounds": 3, "moon-mu": 1.0}
+BASE = {**DIGITS_RUN, "num-server-rounds": 3, "moon-mu": 1.0}
 RUNS = {
     "moon-sam-carry-fedexp": {"method": "moon", "local-optimizer": "sam", "optimizer-state": "carry",
                               "server-optimizer": "fedexp", "fedexp-eval": "average-last-two"},
@@ -62,16 +61,11 @@ def test_combined_parts_run_three_rounds_in_simulation(tmp_path):
         assert summary["status"] == "completed"
 
 
-def test_client_state_survives_between_rounds_in_deployment(tmp_path):
+def test_client_state_survives_between_rounds_in_deployment(tmp_path, node_env):
     """In deployment every message runs in a fresh ClientApp process: MOON's previous model
     and the carried momentum must come back through Flower's Context.state."""
     config = {**BASE, **RUNS["moon-sam-carry-fedexp"], "output-dir": str(tmp_path / "runs"), "run-name": "moon",
               "min-nodes": 2, "round-timeout": 300.0}
-    outcome, run_dir, pids = run_local(
-        2, secure=False, auth=False, run_config=config, workdir=tmp_path / "work", timeout=600, echo=False,
-        env_extra={"FEDVLS_CACHE_DIR": str(tmp_path / "cache")},
-    )
-    assert outcome.completed, f"{outcome.status}\n{outcome.log[-4000:]}"
-    assert leftovers(pids, tmp_path) == []
+    run_dir = deployed(tmp_path, config, node_env)
     rounds = check_run(run_dir, config)
     assert rounds[1]["train"]["train-con"] == 0.0 and rounds[3]["train"]["train-con"] > 0.0

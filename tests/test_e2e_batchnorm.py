@@ -1,9 +1,10 @@
-"""Real `flwr run` simulations of the two BatchNorm failures of issue 23, 3 rounds each:
+"""Real `flwr run` simulations of the two ways small batches break BatchNorm, 3 rounds each:
 
 * ``resnet18-imagenet`` on Fashion-MNIST-format data, 2 clients x 65 images, batch 64 (a
-  last batch of one sample at the model's 1x1 map crashed round 1);
+  last batch of one sample at the model's 1x1 map fails BatchNorm's training step);
 * ``mobilenetv2`` on ``digits`` (8x8: a 1x1 map), 4 Dirichlet clients, batch 32: the
-  client of 290 samples had a last batch of 2, which blew the global model up after round 1.
+  client of 290 samples would have a last batch of 2, whose statistics blow the global
+  model up after round 1.
 
 Both must complete with every reply accepted, and the ServerApp must have warned about the
 1x1 map (model and input size named) before the first round.
@@ -32,10 +33,10 @@ RUNS = {
 
 
 def test_batchnorm_models_with_short_last_batches_train_three_rounds(tmp_path):
-    from tests.test_fmnist import write_fmnist
+    from tests.tiny_data import write_idx_dataset
 
     data_dir, out = tmp_path / "data", tmp_path / "runs"
-    write_fmnist(data_dir / "FashionMNIST" / "raw", n_train=130, n_test=30)
+    write_idx_dataset(data_dir / "FashionMNIST" / "raw", n_train=130, n_test=30)
     outcomes = {}
     with LocalSuperLink(tmp_path / "flwr-home") as link:
         for name, (config, nodes, _) in RUNS.items():

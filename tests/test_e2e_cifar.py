@@ -13,88 +13,16 @@ substitution tests/test_data.py makes in-process. The integrity check itself sti
 The project code is unchanged; without the environment variable the hook does nothing.
 """
 
-import hashlib
 import json
-import pickle
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from fedvls_flwr.app.results import read_rounds
 from fedvls_flwr.ops.launch import LocalSuperLink
+from tests.tiny_data import MD5_ENV, SITECUSTOMIZE, write_tiny_cifar10
 
 pytestmark = pytest.mark.e2e
-
-MD5_ENV = "FEDVLS_TEST_CIFAR_MD5"
-
-SITECUSTOMIZE = '''\
-"""Test-only (tests/test_e2e_cifar.py): accept generated CIFAR files in Flower's processes."""
-import importlib.abc
-import importlib.machinery
-import json
-import os
-import sys
-
-_MD5 = os.environ.get("%(env)s")
-
-
-def _patch(module):
-    for cls_name, sums in json.loads(_MD5).items():
-        cls = getattr(module, cls_name)
-        cls.train_list = [[n, sums[n]] for n, _ in cls.train_list]
-        cls.test_list = [[n, sums[n]] for n, _ in cls.test_list]
-        cls.meta = {**cls.meta, "md5": sums[cls.meta["filename"]]}
-
-
-class _CifarHook(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != "torchvision.datasets.cifar":
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None:
-            return spec
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            _patch(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-if _MD5:
-    sys.meta_path.insert(0, _CifarHook())
-''' % {"env": MD5_ENV}  # noqa: UP031 - the template holds braces
-
-
-def _pickle(path: Path, obj) -> str:
-    with open(path, "wb") as f:
-        pickle.dump(obj, f, protocol=2)
-    return hashlib.md5(path.read_bytes()).hexdigest()
-
-
-def write_tiny_cifar10(root: Path, per_batch: int = 24, n_test: int = 40, seed: int = 0) -> dict[str, str]:
-    """Five training batches, a test batch and the meta file; returns {file name: md5}."""
-    rng = np.random.default_rng(seed)
-    folder = root / "cifar-10-batches-py"
-    folder.mkdir(parents=True)
-    sums = {}
-
-    def batch(n, label):
-        labels = [int(v) for v in rng.integers(0, 10, n)]
-        data = rng.integers(0, 256, (n, 3072), dtype=np.uint8)
-        return {"batch_label": label, "labels": labels, "data": data, "filenames": [f"img_{i}.png" for i in range(n)]}
-
-    for i in range(1, 6):
-        sums[f"data_batch_{i}"] = _pickle(folder / f"data_batch_{i}", batch(per_batch, f"training batch {i} of 5"))
-    sums["test_batch"] = _pickle(folder / "test_batch", batch(n_test, "testing batch 1 of 1"))
-    names = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
-    sums["batches.meta"] = _pickle(
-        folder / "batches.meta", {"num_cases_per_batch": per_batch, "label_names": names, "num_vis": 3072}
-    )
-    return sums
 
 
 def _load_final_into_fresh_model(run_dir: Path, model: str, input_shape, num_classes: int = 10) -> None:
@@ -126,11 +54,11 @@ ZOO = [
 def test_every_model_trains_three_rounds_with_every_reply_accepted(tmp_path):
     """Round 2 is where state that crossed a round (the aggregated BatchNorm buffers) is
     checked against the clients' replies; a one-round run cannot see that bug."""
-    from tests.test_fmnist import write_fmnist
+    from tests.tiny_data import write_idx_dataset
 
     data_dir, out = tmp_path / "data", tmp_path / "runs"
     sums = write_tiny_cifar10(data_dir)
-    write_fmnist(data_dir / "FashionMNIST" / "raw", n_train=80, n_test=30)
+    write_idx_dataset(data_dir / "FashionMNIST" / "raw", n_train=80, n_test=30)
     shim = tmp_path / "shim"
     shim.mkdir()
     (shim / "sitecustomize.py").write_text(SITECUSTOMIZE)

@@ -11,54 +11,26 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
 
-from fedvls_flwr.app.results import read_rounds
 from fedvls_flwr.deploy.breakdown import PHASES, breakdown
 from fedvls_flwr.deploy.certs import make_certificates
 from fedvls_flwr.deploy.local import run_local
 from fedvls_flwr.ops.launch import LocalSuperLink
 from tests.processes import leftovers
+from tests.runs import check_results, deployment_run_config
+from tests.tiny_data import DIGITS, write_digit_folder
 
 pytestmark = pytest.mark.e2e
 
-DIGITS = ",".join(str(i) for i in range(10))
-
-
-def run_config(out: Path, nodes: int) -> dict:
-    return {
-        "dataset": "digits", "method": "fedvls", "num-server-rounds": 2, "local-epochs": 1,
-        "dirichlet-beta": 0.5, "output-dir": str(out), "run-name": "e2e", "min-nodes": nodes,
-        "round-timeout": 300.0,
-    }
-
-
-def check_results(run_dir: Path, accepted: int) -> list[dict]:
-    rounds = read_rounds(run_dir)
-    assert [r["round"] for r in rounds] == [0, 1, 2]
-    for r in rounds[1:]:
-        assert 0.0 <= r["accuracy"] <= 1.0
-        assert r["clients_accepted"] == accepted
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["final_round"] == 2
-    assert (run_dir / "model_final.npz").stat().st_size > 0
-    return rounds
-
-
-def node_env(tmp_path: Path) -> dict[str, str]:
-    return {"FEDVLS_CACHE_DIR": str(tmp_path / "node-cache")}
-
-
-def test_insecure_deployment_two_supernodes(tmp_path):
+def test_insecure_deployment_two_supernodes(tmp_path, node_env):
     """Also: the breakdown of its DEBUG logs finds both rounds through the app's structured events."""
     outcome, run_dir, pids = run_local(
-        2, secure=False, auth=False, run_config=run_config(tmp_path / "runs", 2),
+        2, secure=False, auth=False, run_config=deployment_run_config(tmp_path / "runs", 2),
         workdir=tmp_path / "work", timeout=600, echo=False,
-        env_extra={**node_env(tmp_path), "FLWR_LOG_LEVEL": "DEBUG"},
+        env_extra={**node_env, "FLWR_LOG_LEVEL": "DEBUG"},
     )
     assert outcome.completed, f"run ended {outcome.status}\n{outcome.log[-4000:]}"
     assert len(pids) == 4  # SuperLink, 2 SuperNodes, flwr run
@@ -85,11 +57,11 @@ def test_insecure_deployment_two_supernodes(tmp_path):
         assert all(np.isfinite(r[p]) for p in PHASES), r
 
 
-def test_tls_and_supernode_authentication(tmp_path):
+def test_tls_and_supernode_authentication(tmp_path, node_env):
     certs = make_certificates(tmp_path / "certs", ["127.0.0.1"], ["a", "b", "intruder"])
     for private, _public in certs.supernode_keys.values():
         assert oct(private.stat().st_mode & 0o777) == "0o600"
-    link = LocalSuperLink(tmp_path / "flwr", simulation=False, env_extra=node_env(tmp_path))
+    link = LocalSuperLink(tmp_path / "flwr", simulation=False, env_extra=node_env)
     try:
         link.start(tls=certs.tls, supernode_auth=True)
         config = (link.home / "config.toml").read_text()
@@ -109,7 +81,7 @@ def test_tls_and_supernode_authentication(tmp_path):
             link.start_supernode(
                 name, {"partition-id": i, "num-partitions": 2}, private_key=certs.supernode_keys[name][0]
             )
-        outcome = link.run_streaming(run_config=run_config(tmp_path / "runs", 2), timeout=600, echo=False)
+        outcome = link.run_streaming(run_config=deployment_run_config(tmp_path / "runs", 2), timeout=600, echo=False)
         nodes = {int(n["node-id"]): n["status"] for n in link.supernodes()}
     finally:
         link.stop()
@@ -119,17 +91,7 @@ def test_tls_and_supernode_authentication(tmp_path):
     check_results(tmp_path / "runs" / "e2e", accepted=2)
 
 
-def write_digit_folder(root: Path, classes: list[int], per_class: int = 25) -> None:
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    for c in classes:
-        (root / str(c)).mkdir(parents=True, exist_ok=True)
-        for k, img in enumerate(d.images[d.target == c][:per_class]):
-            Image.fromarray(np.rint(img / 16 * 255).astype(np.uint8), mode="L").save(root / str(c) / f"{k}.png")
-
-
-def test_node_local_folder_data_with_vacant_classes(tmp_path):
+def test_node_local_folder_data_with_vacant_classes(tmp_path, node_env):
     write_digit_folder(tmp_path / "site-a", [0, 1, 2, 3, 4, 5])
     write_digit_folder(tmp_path / "site-b", [4, 5, 6, 7, 8, 9])
     missing = tmp_path / "site-c-not-mounted"
@@ -145,8 +107,8 @@ def test_node_local_folder_data_with_vacant_classes(tmp_path):
         # no central test set: the global model is evaluated on the sites' held-out splits
         # share-class-counts: the sites send their class counts (a diagnostic, opt-in), so
         # clients.json can show which classes each site holds
-        run_config={**run_config(tmp_path / "runs", 3), "evaluation": "federated", "share-class-counts": True},
-        workdir=tmp_path / "work", timeout=600, echo=False, env_extra=node_env(tmp_path),
+        run_config={**deployment_run_config(tmp_path / "runs", 3), "evaluation": "federated", "share-class-counts": True},
+        workdir=tmp_path / "work", timeout=600, echo=False, env_extra=node_env,
     )
     assert outcome.completed, f"run ended {outcome.status}\n{outcome.log[-4000:]}"
     assert leftovers(pids, tmp_path) == []

@@ -24,6 +24,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,8 @@ import pytest
 from fedvls_flwr.app.results import read_rounds
 from fedvls_flwr.ops.launch import LocalSuperLink
 from fedvls_flwr.ops.processes import descendants
-from tests.processes import leftovers, processes_with_home
+from tests.processes import leftovers, processes_with_home, wait_for_saved_round
+from tests.runs import DIGITS_RUN
 
 pytestmark = pytest.mark.e2e
 
@@ -42,14 +44,9 @@ NODE_UNAVAILABLE = "Node Unavailable"            # Flower's error reply for an e
 
 def run_config(out: Path, min_nodes: int, round_timeout: float) -> dict:
     return {
-        "dataset": "digits", "method": "fedvls", "num-server-rounds": ROUNDS, "local-epochs": 1,
-        "dirichlet-beta": 0.5, "output-dir": str(out), "run-name": "e2e", "min-nodes": min_nodes,
-        "min-fit-fraction": 0.3, "round-timeout": round_timeout,
+        **DIGITS_RUN, "method": "fedvls", "num-server-rounds": ROUNDS, "output-dir": str(out), "run-name": "e2e",
+        "min-nodes": min_nodes, "min-fit-fraction": 0.3, "round-timeout": round_timeout,
     }
-
-
-def node_env(tmp_path: Path) -> dict[str, str]:
-    return {"FEDVLS_CACHE_DIR": str(tmp_path / "node-cache")}
 
 
 def kill_tree(proc, home: Path) -> None:
@@ -71,23 +68,9 @@ def kill_tree(proc, home: Path) -> None:
         time.sleep(0.2)
 
 
-def wait_for_round(link: LocalSuperLink, run_id: int, run_dir: Path, server_round: int, timeout: float) -> None:
-    """Poll ``state.json`` (written after every saved round) until ``server_round`` is saved."""
-    state = run_dir / "state.json"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if json.loads(state.read_text())["round"] >= server_round:
-                return
-        except (OSError, ValueError, KeyError):
-            pass
-        if link.status(run_id).startswith("finished"):
-            break
-        time.sleep(0.5)
-    raise AssertionError(
-        f"round {server_round} not saved within {timeout:.0f}s (run {link.status(run_id)})\n"
-        + link.logs(run_id)[-3000:]
-    )
+def the_run(link: LocalSuperLink, run_id: int) -> Callable[[], str]:
+    """What a test says of the run when a round it waits for is not saved: its status and log."""
+    return lambda: f"run {link.status(run_id)}\n{link.logs(run_id)[-3000:]}"
 
 
 def describe(rounds: list[dict]) -> str:
@@ -98,14 +81,14 @@ def describe(rounds: list[dict]) -> str:
     )
 
 
-def test_killed_supernode_run_continues_with_the_others(tmp_path):
+def test_killed_supernode_run_continues_with_the_others(tmp_path, node_env):
     run_dir = tmp_path / "runs" / "e2e"
-    link = LocalSuperLink(tmp_path / "flwr", simulation=False, env_extra=node_env(tmp_path))
+    link = LocalSuperLink(tmp_path / "flwr", simulation=False, env_extra=node_env)
     try:
         link.start(insecure=True)
         nodes = [link.start_supernode(f"node-{i}", {"partition-id": i, "num-partitions": 3}) for i in range(3)]
         run_id = link.submit(run_config=run_config(tmp_path / "runs", 3, round_timeout=60.0))
-        wait_for_round(link, run_id, run_dir, 1, timeout=180)
+        wait_for_saved_round(run_dir, 1, timeout=180, explain=the_run(link, run_id))
         killed_at = len(read_rounds(run_dir)) - 1  # rounds saved when the node died
         kill_tree(nodes[2], link.home / "node-2")
         outcome = link.wait(run_id, timeout=240, poll=1.0)
@@ -139,15 +122,15 @@ def test_killed_supernode_run_continues_with_the_others(tmp_path):
     assert (run_dir / "model_final.npz").stat().st_size > 0
 
 
-def test_late_supernode_is_used_from_a_later_round(tmp_path):
+def test_late_supernode_is_used_from_a_later_round(tmp_path, node_env):
     run_dir = tmp_path / "runs" / "e2e"
-    link = LocalSuperLink(tmp_path / "flwr", simulation=False, env_extra=node_env(tmp_path))
+    link = LocalSuperLink(tmp_path / "flwr", simulation=False, env_extra=node_env)
     try:
         link.start(insecure=True)
         for i in range(2):
             link.start_supernode(f"node-{i}", {"partition-id": i, "num-partitions": 3})
         run_id = link.submit(run_config=run_config(tmp_path / "runs", 2, round_timeout=120.0))
-        wait_for_round(link, run_id, run_dir, 1, timeout=180)
+        wait_for_saved_round(run_dir, 1, timeout=180, explain=the_run(link, run_id))
         joined_after = len(read_rounds(run_dir)) - 1  # rounds saved before the node started
         link.start_supernode("node-2", {"partition-id": 2, "num-partitions": 3})
         outcome = link.wait(run_id, timeout=240, poll=1.0)
@@ -180,7 +163,7 @@ def test_late_supernode_is_used_from_a_later_round(tmp_path):
 NON_REAPING_PARENT = ["-c", "import subprocess, sys, time; subprocess.Popen(sys.argv[1:]); time.sleep(10**6)"]
 
 
-def test_clientapp_ends_when_its_unreaped_supernode_is_killed(tmp_path):
+def test_clientapp_ends_when_its_unreaped_supernode_is_killed(tmp_path, node_env):
     """Flower 1.41's SuperExec and flwr-clientapp watch their parent with os.kill(pid, 0),
     which succeeds for a zombie, so without fedvls_flwr.app.supernode_guard the ClientApp of a
     killed, unreaped SuperNode trains on for nobody (a minute here) and then pushes its
@@ -190,7 +173,7 @@ def test_clientapp_ends_when_its_unreaped_supernode_is_killed(tmp_path):
 
     from tests.processes import cmdline
 
-    link = LocalSuperLink(tmp_path / "flwr", simulation=False, env_extra=node_env(tmp_path))
+    link = LocalSuperLink(tmp_path / "flwr", simulation=False, env_extra=node_env)
     node_home = link.home / "node-0"
     try:
         link.start(insecure=True)

@@ -18,7 +18,7 @@ from tests.processes import assert_none_left
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[1]
-#: Two warnings the app's own design caused in every default run (issue 32, item 4): the
+#: Two warnings the app's own design would cause in every default run, kept out: the
 #: server evaluates the global model itself (fraction_evaluate = 0 by design), and the app
 #: says which device each client trains on itself (Ray's note on a future default).
 FLOWER_LINE = "fraction_evaluate is set to 0.0. Federated evaluation will be skipped."

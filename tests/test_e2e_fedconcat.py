@@ -14,15 +14,14 @@ import numpy as np
 import pytest
 
 from fedvls_flwr.app.results import MODEL_FILE, load_arrays, read_rounds
-from fedvls_flwr.deploy.local import run_local
 from fedvls_flwr.experiments.report import make_report
 from fedvls_flwr.ops.launch import LocalSuperLink
-from tests.processes import assert_none_left, kill_now, leftovers, processes_with_home, wait_for_saved_round
+from tests.processes import assert_none_left, kill_now, processes_with_home, wait_for_saved_round
+from tests.runs import DIGITS_RUN, deployed
 
 pytestmark = pytest.mark.e2e
 
-BASE = {"dataset": "digits", "local-epochs": 1, "dirichlet-beta": 0.5, "num-server-rounds": 4,
-        "protocol": "fedconcat", "fedconcat-encoder-rounds": 2}
+BASE = {**DIGITS_RUN, "num-server-rounds": 4, "protocol": "fedconcat", "fedconcat-encoder-rounds": 2}
 
 
 def check(run_dir, nodes, k=2):
@@ -67,15 +66,10 @@ def test_fedconcat_four_rounds_in_simulation_plain_and_with_fedvls(tmp_path):
     assert all(0 <= float(r["end_accuracy_mean"]) <= 100 for r in stages if r["stage"] == "2")
 
 
-def test_fedconcat_in_deployment_every_node_keeps_the_encoders(tmp_path):
+def test_fedconcat_in_deployment_every_node_keeps_the_encoders(tmp_path, node_env):
     config = {**BASE, "method": "fedavg", "output-dir": str(tmp_path / "runs"), "run-name": "fc",
               "min-nodes": 2, "round-timeout": 300.0}
-    outcome, run_dir, pids = run_local(
-        2, secure=False, auth=False, run_config=config, workdir=tmp_path / "work", timeout=600, echo=False,
-        env_extra={"FEDVLS_CACHE_DIR": str(tmp_path / "cache")},
-    )
-    assert outcome.completed, f"{outcome.status}\n{outcome.log[-4000:]}"
-    assert leftovers(pids, tmp_path) == []
+    run_dir = deployed(tmp_path, config, node_env)
     check(run_dir, 2)
 
 
@@ -118,13 +112,13 @@ def test_fedconcat_killed_in_either_stage_resumes_to_the_straight_runs_history(t
         assert_none_left((), tmp_path / home)
 
 
-def test_a_node_that_joins_in_stage_two_gets_the_encoders(tmp_path):
+def test_a_node_that_joins_in_stage_two_gets_the_encoders(tmp_path, node_env):
     """Deployment: two SuperNodes (partitions 0 and 1 of 3) are clustered and run stage 1 (2
     rounds); once a stage-2 round is saved, a third SuperNode (partition 2) starts. It took no
     part in the clustering or stage 1; from the first stage-2 round that samples it, it trains
     the head over the K encoders it is sent, and no reply in the run fails or is rejected."""
     run_dir = tmp_path / "runs" / "late"
-    link = LocalSuperLink(tmp_path / "flwr", simulation=False, env_extra={"FEDVLS_CACHE_DIR": str(tmp_path / "cache")})
+    link = LocalSuperLink(tmp_path / "flwr", simulation=False, env_extra=node_env)
     try:
         link.start(insecure=True)
         for i in range(2):

@@ -11,10 +11,11 @@ import pytest
 from fedvls_flwr.app.results import CHECKPOINT_FILE, MODEL_FILE, load_arrays, read_rounds
 from fedvls_flwr.ops.launch import LocalSuperLink
 from tests.processes import assert_none_left
+from tests.runs import DIGITS_RUN
 
 pytestmark = pytest.mark.e2e
 
-BASE = {"dataset": "digits", "local-epochs": 1, "dirichlet-beta": 0.5, "num-server-rounds": 4, "deterministic": True}
+BASE = {**DIGITS_RUN, "num-server-rounds": 4, "deterministic": True}
 FEDERATION = {"num-supernodes": 3, "client-resources-num-cpus": 1}
 
 

@@ -7,10 +7,11 @@ import pytest
 
 from fedvls_flwr.app.results import read_rounds
 from fedvls_flwr.ops.launch import LocalSuperLink
+from tests.runs import DIGITS_RUN
 
 pytestmark = pytest.mark.e2e
 
-BASE = {"dataset": "digits", "local-epochs": 1, "dirichlet-beta": 0.5, "num-server-rounds": 4, "method": "fedmr"}
+BASE = {**DIGITS_RUN, "num-server-rounds": 4, "method": "fedmr"}
 
 
 def test_fedmr_four_rounds_alone_and_with_sam_and_fedadam(tmp_path):

@@ -27,9 +27,9 @@ from fedvls_flwr.deploy.certs import make_certificates
 from fedvls_flwr.deploy.fence import start_fence
 from fedvls_flwr.ops.flower_cli import BIN_DIR, flower_env
 from fedvls_flwr.ops.launch import LocalSuperLink
-from tests.nginx import nginx_binary  # noqa: F401 - the fixture `nginx`
 from tests.processes import leftovers
-from tests.test_e2e_deployment import DIGITS, check_results, node_env, run_config, write_digit_folder
+from tests.runs import check_results, deployment_run_config
+from tests.tiny_data import DIGITS, write_digit_folder
 
 pytestmark = pytest.mark.e2e
 
@@ -58,9 +58,9 @@ def site_flwr(home: Path, *args: str) -> subprocess.CompletedProcess:
                           timeout=180)
 
 
-def test_site_credentials_cannot_use_the_control_api_the_operator_can(tmp_path, nginx):
+def test_site_credentials_cannot_use_the_control_api_the_operator_can(tmp_path, nginx, node_env):
     certs = make_certificates(tmp_path / "certs", ["127.0.0.1"], ["a", "b", "rogue", "intruder"])
-    link = LocalSuperLink(tmp_path / "flwr", simulation=False, env_extra=node_env(tmp_path))
+    link = LocalSuperLink(tmp_path / "flwr", simulation=False, env_extra=node_env)
     try:
         link.start(tls=certs.tls, supernode_auth=True)
         start_fence(link, certs.operator_cert, certs.operator_key)
@@ -102,7 +102,7 @@ def test_site_credentials_cannot_use_the_control_api_the_operator_can(tmp_path, 
         for i, name in enumerate(("a", "b")):
             link.start_supernode(name, {"partition-id": i, "num-partitions": 2},
                                  private_key=certs.supernode_keys[name][0])
-        outcome = link.run_streaming(run_config=run_config(tmp_path / "runs", 2), timeout=900, echo=False)
+        outcome = link.run_streaming(run_config=deployment_run_config(tmp_path / "runs", 2), timeout=900, echo=False)
         nodes = {int(n["node-id"]) for n in link.supernodes()}
         runs = json.loads(link.flwr("list", "--format", "json").stdout)["runs"]
     finally:
@@ -120,8 +120,8 @@ def test_site_credentials_cannot_use_the_control_api_the_operator_can(tmp_path, 
     assert any('client_cert=SUCCESS "CN=operator"' in line and "start-run" in line for line in access)
 
 
-def test_launcher_default_fence_node_local_data_federated_evaluation(tmp_path, nginx, capsys, monkeypatch):
-    monkeypatch.setenv("FEDVLS_CACHE_DIR", str(tmp_path / "node-cache"))
+def test_launcher_default_fence_node_local_data_federated_evaluation(tmp_path, nginx, node_env, capsys, monkeypatch):
+    monkeypatch.setenv("FEDVLS_CACHE_DIR", node_env["FEDVLS_CACHE_DIR"])
     write_digit_folder(tmp_path / "site-a", [0, 1, 2, 3, 4, 5])
     write_digit_folder(tmp_path / "site-b", [4, 5, 6, 7, 8, 9])
     work = tmp_path / "work"

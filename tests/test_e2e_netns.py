@@ -30,13 +30,14 @@ import pytest
 
 from fedvls_flwr.app.results import read_rounds
 from fedvls_flwr.deploy.certs import make_certificates
-from fedvls_flwr.deploy.fence import INSTALL_HINT, find_nginx, standalone_config
+from fedvls_flwr.deploy.fence import standalone_config
 from fedvls_flwr.ops.flower_cli import BIN_DIR, flower_env, node_config_arg, run_config_arg
 from fedvls_flwr.ops.launch import PROJECT_DIR
 from fedvls_flwr.ops.processes import stop_process
 from tests import netns
+from tests.nginx import find_or_skip, skip_or_fail
 from tests.processes import leftovers
-from tests.test_e2e_deployment import DIGITS, write_digit_folder
+from tests.tiny_data import DIGITS, write_digit_folder
 
 pytestmark = pytest.mark.e2e
 
@@ -47,16 +48,10 @@ ROUNDS = 3
 
 def _skip_or_fail() -> str:
     """nginx's path; skipped (or, under CI's FEDVLS_REQUIRE_*, failed) without it or namespaces."""
-    nginx = find_nginx()
-    if nginx is None:
-        if os.environ.get("FEDVLS_REQUIRE_NGINX") == "1":
-            pytest.fail(f"FEDVLS_REQUIRE_NGINX=1 but {INSTALL_HINT}")
-        pytest.skip(INSTALL_HINT)
+    nginx = find_or_skip()
     reason = netns.unavailable()
     if reason is not None:
-        if os.environ.get("FEDVLS_REQUIRE_NETNS") == "1":
-            pytest.fail(f"FEDVLS_REQUIRE_NETNS=1 but {reason}")
-        pytest.skip(reason)
+        skip_or_fail(reason, "FEDVLS_REQUIRE_NETNS")
     return nginx
 
 

@@ -1,4 +1,4 @@
-"""Issue 31, item 3: real `flwr run` simulations on a real 2-node Ray cluster on this machine.
+"""Real `flwr run` simulations on a real 2-node Ray cluster on this machine.
 
 A head and one worker are started with ``ray start`` (each its own ``--temp-dir``, its own
 ports, ``--node-ip-address=127.0.0.1``) and stopped by PID, never with ``ray stop`` (which
@@ -24,14 +24,14 @@ from fedvls_flwr.ops.launch import LocalSuperLink
 from fedvls_flwr.ops.processes import free_port
 from fedvls_flwr.ops.ray_cluster import RAY_BIN, RayNode, start_ray_node
 from tests.processes import assert_none_left, kill_now, wait_for_saved_round
+from tests.runs import DIGITS_RUN
 
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(shutil.which(str(RAY_BIN)) is None, reason=f"the ray CLI ({RAY_BIN}) is not installed"),
 ]
 
-BASE = {"dataset": "digits", "method": "fedvls", "local-epochs": 1, "dirichlet-beta": 0.5,
-        "deterministic": True, "seed": 3, "torch-threads": 1}
+BASE = {**DIGITS_RUN, "method": "fedvls", "deterministic": True, "seed": 3, "torch-threads": 1}
 FEDERATION = {"num-supernodes": 4, "client-resources-num-cpus": 1}
 ADDRESS_FILE = Path("/tmp/ray/ray_current_cluster")  # where ray.init() without an address would look
 

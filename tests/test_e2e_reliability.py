@@ -12,10 +12,11 @@ from fedvls_flwr.app.results import read_rounds
 from fedvls_flwr.ops.launch import PROJECT_DIR, LocalSuperLink
 from tests.fault_injection import FAULT_ENV, fault_app
 from tests.processes import assert_none_left, kill_now, processes_with_home, wait_for_saved_round
+from tests.runs import DIGITS_RUN
 
 pytestmark = pytest.mark.e2e
 
-BASE = {"dataset": "digits", "method": "fedvls", "local-epochs": 1, "dirichlet-beta": 0.5}
+BASE = {**DIGITS_RUN, "method": "fedvls"}
 FEDERATION = {"num-supernodes": 3, "client-resources-num-cpus": 1}
 
 
@@ -66,7 +67,7 @@ def test_invalid_run_config_fails_the_run_with_the_key_named(tmp_path):
 
 
 def test_moved_run_folder_resumes_bit_identical_to_an_uninterrupted_run(tmp_path):
-    """Issue 16, items 7 and 8: a run stopped after 2 rounds (as on a full disk), its folder
+    """A run stopped after 2 rounds (as on a full disk), its folder
     moved to another output-dir, resumed there: the same rounds.jsonl accuracies and losses as
     a run that was never interrupted, and the same final model, bit for bit."""
     n = 4
@@ -117,9 +118,9 @@ def test_unknown_key_is_named_only_in_the_superlink_log_and_by_check(tmp_path):
 
 
 def test_min_nodes_above_the_simulation_fails_at_once(tmp_path):
-    """Issue 26: `min-nodes=6` on 4 simulated SuperNodes logged "waiting for nodes: 4
+    """`min-nodes=6` on 4 simulated SuperNodes: waiting would log "waiting for nodes: 4
     connected, 6 needed" every 30 s for ever (and `flwr-simulation` with its Ray processes
-    outlived a stopped SuperLink). A simulation's nodes all exist from the start: the run
+    would outlive a stopped SuperLink). A simulation's nodes all exist from the start: the run
     fails within seconds, naming both numbers, and leaves no process behind."""
     cfg = {**BASE, "num-server-rounds": 2, "min-nodes": 6, "output-dir": str(tmp_path), "run-name": "r"}
     federation = {"num-supernodes": 4, "client-resources-num-cpus": 1}

@@ -75,7 +75,7 @@ def test_tiny_preset_runs_end_to_end_and_its_table_matches_the_summaries(tmp_pat
         assert 0.0 <= summary["best_accuracy"] <= 1.0 and 0.0 <= summary["final_accuracy"] <= 1.0
         summaries[name] = summary
     assert {s["config"]["method"] for s in summaries.values()} == {"fedavg", "fedvls"}
-    # Ray started once (issue 31): both runs' clients ran on the one Ray node of the sweep's head
+    # Ray started once for the sweep: both runs' clients ran on the one Ray node of the sweep's head
     assert any(line.startswith("[sweep] one Ray for the whole sweep at 127.0.0.1:") for line in logs), "\n".join(logs)
     nodes = [set(s["replies_per_node"]) for s in summaries.values()]
     assert nodes[0] == nodes[1] and len(nodes[0]) == 1 and next(iter(nodes[0])).startswith("ray:"), nodes

@@ -7,7 +7,6 @@ import functools
 import gzip
 import hashlib
 import http.server
-import struct
 import threading
 from pathlib import Path
 
@@ -18,36 +17,9 @@ import torch
 from fedvls_flwr.config.run_config import ConfigError, parse_run_config
 from fedvls_flwr.data import datasets as D
 from fedvls_flwr.models import build_model, count_parameters, default_model
+from tests.tiny_data import idx_bytes, write_idx_dataset
 
-
-@pytest.fixture(autouse=True)
-def _fresh_cache():
-    D.clear_cache()
-    yield
-    D.clear_cache()
-
-
-def _idx_bytes(arr: np.ndarray) -> bytes:
-    return struct.pack(">I", 0x0800 | arr.ndim) + b"".join(struct.pack(">I", d) for d in arr.shape) + arr.tobytes()
-
-
-def write_fmnist(folder: Path, n_train: int = 60, n_test: int = 20, gz: bool = True, seed: int = 0) -> dict:
-    """The four IDX files (Fashion-MNIST's names), gzipped like Debian's / torchvision's."""
-    rng = np.random.default_rng(seed)
-    folder.mkdir(parents=True, exist_ok=True)
-    out = {}
-    for split, n in (("train", n_train), ("t10k", n_test)):
-        x = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
-        y = (np.arange(n) % 10).astype(np.uint8)
-        for kind, arr in (("images-idx3", x), ("labels-idx1", y)):
-            name = f"{split}-{kind}-ubyte"
-            if gz:
-                with gzip.open(folder / f"{name}.gz", "wb") as f:
-                    f.write(_idx_bytes(arr))
-            else:
-                (folder / name).write_bytes(_idx_bytes(arr))
-        out[split] = (x, y)
-    return out
+pytestmark = pytest.mark.usefixtures("fresh_dataset_cache")
 
 
 def _unnormalise(x: torch.Tensor) -> np.ndarray:
@@ -57,7 +29,7 @@ def _unnormalise(x: torch.Tensor) -> np.ndarray:
 @pytest.mark.parametrize("layout", ["torchvision", "flat-gz", "flat-raw"])
 def test_fmnist_loads_idx_files_in_either_layout(tmp_path, layout):
     folder = tmp_path / "FashionMNIST" / "raw" if layout == "torchvision" else tmp_path
-    src = write_fmnist(folder, gz=layout != "flat-raw")
+    src = write_idx_dataset(folder, gz=layout != "flat-raw")
     b = D.load_dataset("fmnist", tmp_path)
     assert b.name == "fmnist" and b.num_classes == 10 and b.input_shape == (1, 28, 28)
     assert b.train_x.shape == (60, 1, 28, 28) and b.test_x.shape == (20, 1, 28, 28)
@@ -81,9 +53,9 @@ def test_fmnist_missing_says_both_ways_to_get_it(tmp_path):
 
 
 def test_fmnist_rejects_files_that_are_not_fashion_mnist(tmp_path):
-    write_fmnist(tmp_path)
+    write_idx_dataset(tmp_path)
     with gzip.open(tmp_path / "t10k-labels-idx1-ubyte.gz", "wb") as f:
-        f.write(_idx_bytes(np.full(20, 12, np.uint8)))
+        f.write(idx_bytes(np.full(20, 12, np.uint8)))
     with pytest.raises(D.DatasetNotFoundError, match="classes 0-9"):
         D.load_dataset("fmnist", tmp_path)
 
@@ -109,7 +81,7 @@ def test_fmnist_download_goes_through_torchvision(tmp_path, monkeypatch, http_mi
     from torchvision.datasets import FashionMNIST
 
     mirror, url = http_mirror
-    src = write_fmnist(mirror)
+    src = write_idx_dataset(mirror)
     resources = [(f"{n}.gz", hashlib.md5((mirror / f"{n}.gz").read_bytes()).hexdigest()) for n in D.MNIST_FILES]
     monkeypatch.setattr(FashionMNIST, "mirrors", [url])
     monkeypatch.setattr(FashionMNIST, "resources", resources)
@@ -162,7 +134,7 @@ def test_subsample_pool_is_stratified_fixed_and_nested():
 
 
 def test_train_pool_size_subsamples_the_pool_only(tmp_path):
-    write_fmnist(tmp_path, n_train=100, n_test=20)
+    write_idx_dataset(tmp_path, n_train=100, n_test=20)
     full = D.load_dataset("fmnist", tmp_path)
     sub = D.load_dataset("fmnist", tmp_path, pool_size=30)
     assert sub.num_train == 30 and sub.num_test == 20

@@ -1,5 +1,5 @@
-"""Issue 32, item 4: the two warnings of every default run that the user can do nothing about
-are gone - each by its exact cause - and every other warning of Flower and Ray still shows.
+"""The two warnings of every default run that the user can do nothing about are kept out -
+each by its exact cause - and every other warning of Flower and Ray still shows.
 (`tests/test_e2e_entry_points.py` checks a whole default run's log.)"""
 
 import ast

@@ -16,7 +16,7 @@ from scripts.reliability_table import split_row
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_names_are_unique_and_areas_cover_the_issue():
+def test_names_are_unique_and_every_area_has_a_mutation():
     assert len({m.name for m in MUTATIONS}) == len(MUTATIONS)
     assert {"objectives", "aggregation", "partitioning", "sampling", "round rules", "checkpoint and resume",
             "reply checks", "fence config"} <= {m.area for m in MUTATIONS}

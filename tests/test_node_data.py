@@ -14,8 +14,7 @@ from fedvls_flwr.data import datasets as D
 from fedvls_flwr.data import node_data as N
 from fedvls_flwr.data.digits import digits_split
 from fedvls_flwr.data.node_config import node_partition
-
-DIGIT_CLASSES = ",".join(str(i) for i in range(10))
+from tests.tiny_data import DIGITS
 
 
 @pytest.fixture(autouse=True)
@@ -165,7 +164,7 @@ def test_folder_data_with_vacant_classes_matches_the_run_representation(tmp_path
     root = tmp_path / "site-a"
     x01, y = write_digit_folder(root, [1, 3, 7], per_class=5)
     cfg = cfg_for()
-    node = {"dataset": "folder", "data-dir": str(root), "classes": DIGIT_CLASSES, "partition-id": 4}
+    node = {"dataset": "folder", "data-dir": str(root), "classes": DIGITS, "partition-id": 4}
     got = N.node_client_data(cfg, node)
     assert got.num_classes == 10 and got.partition_id == 4
     assert tuple(got.x.shape) == (15, 1, 8, 8) and got.x.dtype == torch.float32 and got.mean is None
@@ -182,7 +181,7 @@ def test_folder_data_with_vacant_classes_matches_the_run_representation(tmp_path
 def test_folder_cache_hit_and_invalidation(tmp_path, monkeypatch, caplog):
     root = tmp_path / "site"
     write_digit_folder(root, [0, 2], per_class=3)
-    node = {"dataset": "folder", "data-dir": str(root), "classes": DIGIT_CLASSES}
+    node = {"dataset": "folder", "data-dir": str(root), "classes": DIGITS}
     first = N.node_client_data(cfg_for(), node)
     assert first.num_examples == 6
 
@@ -224,13 +223,13 @@ def test_folder_errors_name_the_problem(tmp_path):
     cfg = cfg_for()
     missing = tmp_path / "nowhere"
     with pytest.raises(D.DatasetNotFoundError, match=f"{missing} does not exist"):
-        N.node_client_data(cfg, {"dataset": "folder", "data-dir": str(missing), "classes": DIGIT_CLASSES})
+        N.node_client_data(cfg, {"dataset": "folder", "data-dir": str(missing), "classes": DIGITS})
 
     root = tmp_path / "site"
     write_digit_folder(root, [0], per_class=2)
     (root / "eleven").mkdir()
     with pytest.raises(ValueError, match="class folder\\(s\\) eleven are not in the class list"):
-        N.node_client_data(cfg, {"dataset": "folder", "data-dir": str(root), "classes": DIGIT_CLASSES})
+        N.node_client_data(cfg, {"dataset": "folder", "data-dir": str(root), "classes": DIGITS})
     (root / "eleven").rmdir()
 
     with pytest.raises(ValueError, match="classes lists 3 names but the run's model"):
@@ -238,12 +237,12 @@ def test_folder_errors_name_the_problem(tmp_path):
 
     (root / "0" / "broken.png").write_bytes(b"not an image")
     with pytest.raises(D.DatasetNotFoundError, match="cannot read image .*broken.png"):
-        N.node_client_data(cfg, {"dataset": "folder", "data-dir": str(root), "classes": DIGIT_CLASSES})
+        N.node_client_data(cfg, {"dataset": "folder", "data-dir": str(root), "classes": DIGITS})
 
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(D.DatasetNotFoundError, match="no images found"):
-        N.node_client_data(cfg, {"dataset": "folder", "data-dir": str(empty), "classes": DIGIT_CLASSES})
+        N.node_client_data(cfg, {"dataset": "folder", "data-dir": str(empty), "classes": DIGITS})
 
 
 def test_classes_file(tmp_path):
@@ -274,9 +273,9 @@ def test_image_format_table_matches_the_loaders():
         assert (f.shape, f.num_classes) == (shape, k)
 
 
-# ---- issue 26: node data with new inputs ---------------------------------------------------
+# ---- node data: odd folders, links and files ------------------------------------------------
 def folder_node(root, **extra):
-    return {"dataset": "folder", "data-dir": str(root), "classes": DIGIT_CLASSES, "cache-dir": "", **extra}
+    return {"dataset": "folder", "data-dir": str(root), "classes": DIGITS, "cache-dir": "", **extra}
 
 
 def test_one_class_other_files_and_other_sizes_work_as_documented(tmp_path):
@@ -340,8 +339,8 @@ def test_a_directory_named_like_an_image_is_a_sub_folder(tmp_path):
 
 
 def test_a_symlink_loop_is_refused_not_read_forty_times(tmp_path):
-    """Was: a link from a class folder to itself was followed until the kernel's limit
-    of 40 links: 2 images became 82 samples, silently."""
+    """Followed, a link from a class folder to itself would be read until the kernel's limit
+    of 40 links: 2 images would become 82 samples, silently."""
     root = tmp_path / "site"
     write_digit_folder(root, [1], per_class=2)
     (root / "1" / "again").symlink_to(root / "1")

@@ -17,7 +17,7 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
 def test_the_wheel_holds_every_module_of_the_package_and_claims_only_its_name(tmp_path):
-    """Was: server_app.py and client_app.py at the top level of site-packages too, where any
+    """Not server_app.py and client_app.py at the top level of site-packages too, where any
     other Flower app's entry points of the same (Flower's template) names would clash."""
     wheel = build_project_wheel(tmp_path, "--no-build-isolation")
     names = set(zipfile.ZipFile(wheel).namelist())

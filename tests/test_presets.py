@@ -56,7 +56,7 @@ def test_missing_data_or_impossible_split_fails_before_any_superlink(tmp_path, b
 @pytest.mark.parametrize(
     "extra, message",
     [
-        # was: passed --dry-run, then a Python traceback from `flwr run --federation-config`
+        # each would pass --dry-run, then end in a Python traceback from `flwr run --federation-config`
         ("federation: {num-supernode: 10}", "unknown federation key 'num-supernode' (did you mean 'num-supernodes'?)"),
         ("federation: {num-supernodes: 0}", "federation 'num-supernodes' = 0: must be an integer >= 1"),
         ("federation: {client-resources-num-cpus: -1}", "'client-resources-num-cpus' = -1: must be a number > 0"),
@@ -185,7 +185,7 @@ def test_a_preset_with_a_non_default_model_gets_its_own_folder_names():
 @pytest.mark.parametrize("grid", ["{method: []}", "{method: [fedavg], seed: []}", "[{method: [fedavg]}, {method: []}]"])
 @pytest.mark.parametrize("dry_run", [True, False])
 def test_an_empty_grid_list_is_refused_naming_the_key(tmp_path, grid, dry_run, capsys, monkeypatch):
-    """Was: exit 0 and no output at all (the product of an empty list has no runs)."""
+    """Not exit 0 and no output at all (the product of an empty list has no runs)."""
     from fedvls_flwr.experiments import sweep
 
     monkeypatch.setattr(sweep.LocalSuperLink, "start", lambda *a, **k: pytest.fail("a SuperLink was started"))

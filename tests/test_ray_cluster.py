@@ -1,5 +1,5 @@
-"""Where each client ran (issue 31, item 2) and the checks of a run meant for an existing Ray
-cluster (item 1), without Flower or Ray running."""
+"""Where each client ran, and the checks of a run meant for an existing Ray cluster, without
+Flower or Ray running."""
 
 import socket
 import sys
@@ -7,6 +7,7 @@ import types
 from contextlib import closing
 
 import numpy as np
+import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from fedvls_flwr.app import keys
@@ -17,7 +18,9 @@ from fedvls_flwr.app.server import _devices_text, count_by
 from fedvls_flwr.app.strategy import RunStrategy
 from fedvls_flwr.config.run_config import RunConfig
 from fedvls_flwr.ops.processes import free_port
-from tests.test_strategy import GLOBAL, reply, run_identity  # noqa: F401 - the fixture is used by name
+from tests.test_strategy import GLOBAL, reply
+
+pytestmark = pytest.mark.usefixtures("run_identity")  # for the messages reply() builds, as in test_strategy
 
 
 def fake_ray(initialised: bool, node_id: str = "a1b2") -> types.ModuleType:

@@ -428,9 +428,9 @@ def test_paired_gap_against_pool_size(tmp_path):
     assert _is_png(written["gaps_plot"])
 
 
-# ---- issue 26: a report from nothing says so ---------------------------------------------
+# ---- a report from nothing says so ----------------------------------------------------
 def test_report_of_a_path_that_does_not_exist_writes_nothing_and_fails(tmp_path, capsys):
-    """Was: exit 0 and an empty results.csv in a report/ folder created under the path."""
+    """Not exit 0 and an empty results.csv in a report/ folder created under the path."""
     from fedvls_flwr.experiments.report import main
 
     missing = tmp_path / "nope"

@@ -34,8 +34,8 @@ CLIENTS_FILE = "clients.json"
 CHECKPOINT_FILE = "checkpoint.npz"
 STATE_FILE = "state.json"
 CONFIG_FILE = "config.json"
-#: Key of the 0-d int64 array in checkpoint.npz that records the round it holds (absent in
-#: checkpoints written before it was added; state.json then says which round it is).
+#: Key of the 0-d int64 array in checkpoint.npz that records the round it holds (a checkpoint
+#: without it is still read: state.json then says which round it is).
 CHECKPOINT_ROUND_KEY = "__fedvls_round__"
 #: Settings that may differ between a run and its resumption (everything else must match).
 #: output-dir and run-name: the folder is the run's identity, not its path - a run folder
@@ -362,7 +362,7 @@ def read_resume_point(run_dir: Path, config: dict[str, Any]) -> ResumePoint:
     else:
         last_round = max((r["round"] for r in records), default=None)
         raise RunFolderError(
-            f"resume: {state_path} is {state_why}, and {checkpoint} (written by an older version) "
+            f"resume: {state_path} is {state_why}, and {checkpoint} "
             "does not record its round, so which round it holds cannot be established safely"
             + (f" (rounds.jsonl ends with round {last_round}, but the server may have stopped before that "
                "round's checkpoint). If you know the checkpoint holds round N, write "

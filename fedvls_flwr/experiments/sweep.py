@@ -69,8 +69,8 @@ def experiment_identity(run_config: dict[str, Any], num_supernodes: Any) -> dict
 
 
 def _with_defaults(settings: dict[str, Any]) -> dict[str, Any]:
-    """A run's settings with every key it does not record at its default: a run made by an
-    older version, which did not know a key yet, ran with that key's default behaviour."""
+    """A run's settings with every key it does not record at its default: a run folder that
+    lacks a key (written by a release that did not know it) ran with that key's default."""
     defaults = {k: v for k, v in RunConfig().to_flower().items() if k not in NON_IDENTITY_KEYS}
     return {**defaults, **{k: v for k, v in settings.items() if k not in NON_IDENTITY_KEYS}}
 

@@ -1,0 +1,48 @@
+"""Fixtures the test modules share (pytest finds them by name; no import needed).
+
+Helpers that are plain functions live in modules beside this one: tiny_data.py (datasets
+written in their real on-disk formats), runs.py (the digits run configs of the end-to-end
+tests), processes.py (what a test left running), nginx.py and netns.py (what the fence's
+tests need of the machine), fake_grid.py (a Grid without Flower processes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def run_identity() -> Iterator[None]:
+    """Flower's Message needs a run identity (run, node, task ids), as inside a real app.
+    A module that builds messages asks for it with ``pytestmark = pytest.mark.usefixtures("run_identity")``."""
+    from tests.runs import flower_run_identity
+
+    with flower_run_identity():
+        yield
+
+
+@pytest.fixture
+def fresh_dataset_cache() -> Iterator[None]:
+    """The in-memory dataset cache emptied before and after the test."""
+    from fedvls_flwr.data import datasets
+
+    datasets.clear_cache()
+    yield
+    datasets.clear_cache()
+
+
+@pytest.fixture
+def nginx() -> str:
+    """nginx's path; the test is skipped without it (failed under CI's FEDVLS_REQUIRE_NGINX=1)."""
+    from tests.nginx import find_or_skip
+
+    return find_or_skip()
+
+
+@pytest.fixture
+def node_env(tmp_path: Path) -> dict[str, str]:
+    """The environment a test's SuperNodes get: their data cache in the test's folder."""
+    return {"FEDVLS_CACHE_DIR": str(tmp_path / "node-cache")}

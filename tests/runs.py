@@ -1,0 +1,61 @@
+"""What the tests' runs share: the digits run config the end-to-end tests start from, the
+run identity Flower's messages need outside a real app, and what a finished deployment's
+run folder must hold."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from fedvls_flwr.app.results import read_rounds
+
+#: scikit-learn's digits, one local epoch, Dirichlet(0.5) label skew: a run of a few seconds a round.
+DIGITS_RUN = {"dataset": "digits", "local-epochs": 1, "dirichlet-beta": 0.5}
+
+
+@contextmanager
+def flower_run_identity() -> Iterator[None]:
+    """Run, node and task ids set as inside a ServerApp (Flower's Message reads them), then restored."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    old = TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+    try:
+        yield
+    finally:
+        TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = old
+
+
+def deployment_run_config(out: Path, nodes: int) -> dict:
+    """Two rounds of FedVLS on digits in a deployment of ``nodes`` SuperNodes, into ``out``/e2e."""
+    return {**DIGITS_RUN, "method": "fedvls", "num-server-rounds": 2, "output-dir": str(out), "run-name": "e2e",
+            "min-nodes": nodes, "round-timeout": 300.0}
+
+
+def check_results(run_dir: Path, accepted: int) -> list[dict]:
+    """A finished two-round run: every round's accuracy, ``accepted`` replies a round, the summary
+    and the final model written. Returns its rounds."""
+    rounds = read_rounds(run_dir)
+    assert [r["round"] for r in rounds] == [0, 1, 2]
+    for r in rounds[1:]:
+        assert 0.0 <= r["accuracy"] <= 1.0
+        assert r["clients_accepted"] == accepted
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["final_round"] == 2
+    assert (run_dir / "model_final.npz").stat().st_size > 0
+    return rounds
+
+
+def deployed(tmp_path: Path, config: dict, env: dict[str, str], nodes: int = 2) -> Path:
+    """``config`` run by the one-machine launcher on ``nodes`` SuperNodes (no TLS) in
+    ``tmp_path``/work: it completed and left no process behind. Returns its run folder."""
+    from fedvls_flwr.deploy.local import run_local
+    from tests.processes import leftovers
+
+    outcome, run_dir, pids = run_local(nodes, secure=False, auth=False, run_config=config, workdir=tmp_path / "work",
+                                       timeout=600, echo=False, env_extra=env)
+    assert outcome.completed, f"{outcome.status}\n{outcome.log[-4000:]}"
+    assert leftovers(pids, tmp_path) == []
+    return run_dir
