@@ -16,10 +16,11 @@ from fedvls_flwr.app.client import query_round
 from fedvls_flwr.app.strategy import RunStrategy
 from fedvls_flwr.config.run_config import RunConfig
 from tests.fake_grid import FakeGridBase
-from tests.test_strategy import run_identity  # noqa: F401 - Flower's message ids need a run identity
 
 H100 = "cuda:0 (NVIDIA H100 80GB HBM3)"
 RAY_CPU = "cpu (CUDA_VISIBLE_DEVICES='')"
+
+pytestmark = pytest.mark.usefixtures("run_identity")  # Flower's message ids need a run identity
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,9 @@ from fedvls_flwr.app.keys import DOWNLINK, DOWNLINK_VALUES
 from fedvls_flwr.app.messages import to_numpy_dict
 from fedvls_flwr.app.strategy import RunStrategy
 from fedvls_flwr.config.run_config import RunConfig
-from tests.test_strategy import FakeGrid, arrays, initial, reply, run_identity  # noqa: F401
+from tests.test_strategy import FakeGrid, arrays, initial, reply
+
+pytestmark = pytest.mark.usefixtures("run_identity")  # Flower's messages need a run identity
 
 
 class Counter(ServerCompanion):

@@ -16,7 +16,6 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.app.metadata import Metadata
-from flwr.supercore.task_identity import TaskIdentity
 from torch import nn
 
 from fedvls_flwr.algorithms.aggregation import Reply
@@ -38,13 +37,7 @@ from fedvls_flwr.config.run_config import ConfigError, RunConfig, parse_run_conf
 from fedvls_flwr.models import FeatureTap, build_model, classifier_of
 from tests.fake_grid import FakeGridBase
 
-
-@pytest.fixture(autouse=True, scope="module")
-def run_identity():
-    old = TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
-    yield
-    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = old
+pytestmark = pytest.mark.usefixtures("run_identity")  # Flower's messages need a run identity
 
 
 def protocol(**params) -> FedConcat:

@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.app.metadata import Metadata
-from flwr.supercore.task_identity import TaskIdentity
 
 from fedvls_flwr.app import results
 from fedvls_flwr.app.keys import ARRAYS as ARRAYS_KEY
@@ -32,13 +31,7 @@ from tests.fake_grid import FakeGridBase
 ROUNDS = 4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def run_identity():
-    """Messages need a run identity (as in tests/test_strategy.py)."""
-    old = TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
-    yield
-    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = old
+pytestmark = pytest.mark.usefixtures("run_identity")  # Flower's messages need a run identity
 
 
 class TrainingGrid(FakeGridBase):
@@ -104,7 +97,7 @@ def test_uninterrupted_reference_is_sane(straight):
     assert load_checkpoint(run_dir / "checkpoint.npz")[0] == ROUNDS
 
 
-# ---- item 7: a moved run folder resumes (output-dir is not the run's identity) -----------
+# ---- a moved run folder resumes (output-dir is not the run's identity) -----------
 
 
 def test_moved_run_folder_resumes_bit_identical(tmp_path, straight):
@@ -126,7 +119,7 @@ def test_other_settings_are_still_refused(tmp_path):
         _resume_point(config(tmp_path, lr=0.5), tmp_path / "r")
 
 
-# ---- item 6: damaged files ------------------------------------------------------------------
+# ---- damaged files ---------------------------------------------------------------------------
 
 
 def test_torn_last_line_of_rounds_after_the_checkpoint_is_dropped(tmp_path, straight, caplog):
@@ -231,7 +224,7 @@ def test_not_resuming_a_folder_that_holds_a_run_is_refused(tmp_path):
 
 
 def test_resuming_a_run_folder_that_does_not_exist_is_refused_naming_it_and_the_closest_runs(tmp_path, capsys):
-    """Was: `fedvls check` said ok, and the server started the run from round 1 without a word."""
+    """Not a silent new run from round 1: `fedvls check` and the server refuse it, naming the folder."""
     for name in ("digits-fedavg-s0", "digits-fedvls-s0", "cifar10-moon-s1"):
         partial(tmp_path, 1).rename(tmp_path / name)
     (tmp_path / "digits-fedvls-s9").mkdir()  # a folder without a run: nothing to resume, not listed
@@ -263,12 +256,12 @@ class FailingGrid:
         raise AssertionError(f"grid.{name} used before the run folder was checked")
 
 
-# ---- item 8: a full disk ----------------------------------------------------------------------
+# ---- a full disk -------------------------------------------------------------------------------
 
 
 def full_disk_at(monkeypatch, name: str, nth: int = 1) -> None:
     """The ``nth`` write of result file ``name`` fails in fsync with ENOSPC, as on a full
-    disk (smaller writes after it may still fit, as summary.json did in the issue)."""
+    disk (smaller writes after it may still fit, as a small summary.json can)."""
     real_write, real_fsync = results.atomic_write_bytes, results.os.fsync
     seen = {"count": 0, "failing": False}
 

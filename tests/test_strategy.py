@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 from flwr.app.metadata import Metadata
-from flwr.supercore.task_identity import TaskIdentity
 
 from fedvls_flwr.app.keys import ARRAYS as ARRAYS_KEY
 from fedvls_flwr.app.keys import CONFIG as CONFIG_KEY
@@ -19,12 +18,7 @@ from tests.fake_grid import FakeGridBase
 GLOBAL = {"w": np.zeros((2, 2), np.float32), "b": np.zeros(2, np.float32)}
 
 
-@pytest.fixture(autouse=True)
-def run_identity():
-    old = TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
-    yield
-    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = old
+pytestmark = pytest.mark.usefixtures("run_identity")  # Flower's messages need a run identity
 
 
 def reply(node: int, arrays: dict | None = None, num_examples: float = 10, error: str | None = None, **metrics):
@@ -405,9 +399,9 @@ def test_an_error_reply_from_flower_is_counted_once_for_the_node_it_is_about():
 
 
 def test_more_min_nodes_than_a_simulation_has_fails_at_once(monkeypatch):
-    """Issue 26: min-nodes=6 on 4 simulated nodes used to log 'waiting for nodes' every 30 s
-    for ever. A simulation has all its nodes from the start: it fails within the moment
-    Flower takes to register them, naming both numbers and both fixes."""
+    """min-nodes=6 on 4 simulated nodes: a simulation has all its nodes from the start, so it
+    fails within the moment Flower takes to register them (no 'waiting for nodes' every 30 s),
+    naming both numbers and both fixes."""
     import fedvls_flwr.app.nodes as strategy_module  # where the wait for nodes lives
 
     monkeypatch.setattr(strategy_module, "is_simulation", lambda grid: True)
