@@ -1,14 +1,18 @@
-"""Run a YAML preset (a set of runs) as real `flwr run` simulations, then tabulate and plot.
+"""Run a YAML preset (a set of runs), then tabulate and plot.
 
-Each run is a real ``flwr run`` submission to one SuperLink that this command starts and
-stops itself: the same code path a user's ``flwr run .`` takes, so a table is evidence
-about the app, not about a re-implementation. Runs whose folder already holds a
+Each run runs the app's own ServerApp and ClientApp, on one of two engines: the in-process
+engine (the default on one machine: worker processes that import torch and Flower once and run
+one experiment after another, ``--parallel N`` of them at once; :mod:`fedvls_flwr.ops.inprocess`)
+or ``--engine flwr`` (the default with ``RAY_ADDRESS`` set): a real ``flwr run`` submission to
+one SuperLink that this command starts and stops itself, the code path a user's ``flwr run .``
+takes. Either way a table is evidence about the app, not about a re-implementation, and with
+``deterministic = true`` both give the same numbers. Runs whose folder already holds a
 ``summary.json`` are skipped, so an interrupted sweep resumes where it stopped.
 
 The preset format: :mod:`fedvls_flwr.experiments.preset`.
 
-Ray starts once for the whole sweep: a head on 127.0.0.1 that the sweep starts (and stops by PID)
-and every run joins through ``RAY_ADDRESS``, or the cluster the user's ``RAY_ADDRESS`` names
+With ``--engine flwr``, Ray starts once for the whole sweep: a head on 127.0.0.1 that the sweep
+starts (and stops by PID) and every run joins through ``RAY_ADDRESS``, or the cluster the user's ``RAY_ADDRESS`` names
 (docs/ray-cluster.md); ``--no-shared-ray`` gives each run its own Ray, as a lone ``flwr run``.
 
 Every run folder gets ``sweep-run.json`` (the run config and federation it was started
@@ -23,6 +27,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -52,6 +57,8 @@ from fedvls_flwr.ops.ray_cluster import RayClusterError, RayHead
 
 #: The file a sweep writes into each run folder: the settings the run was started with.
 RUN_FILE = "sweep-run.json"
+#: The in-process engine's log of a run (the ServerApp's output), in its folder.
+RUN_LOG = "run.log"
 #: Settings that do not change what a run computes (its name and folder, where it ran, how
 #: long the server waits): two runs that differ only in these are the same experiment.
 NON_IDENTITY_KEYS = frozenset({
@@ -109,6 +116,7 @@ def _check_same_settings(run_dir: Path, identity: dict[str, Any]) -> None:
 def run_preset(
     preset: Preset, output_dir: Path, *, timeout: float = 3600.0, log: Callable[..., None] = print, report: bool = True,
     port_range: tuple[int, int] | None = None, view: ProgressView | None = None, shared_ray: bool = True,
+    engine: str = "inprocess", parallel: int = 1,
 ) -> dict[str, Any]:
     """Run every not-yet-finished run of ``preset`` under ``output_dir``; returns a status dict.
 
@@ -152,47 +160,13 @@ def run_preset(
             raise PresetError(f"preset {preset.path}: run {run_config['run-name']}: {err}") from None
     log(f"[sweep] {preset.name}: {len(preset.runs)} runs, {len(statuses)} already finished, {len(todo)} to run")
     joined = ray_address()
-    if todo and joined is not None and (unreachable := check_ray_address(joined)) is not None:
+    if todo and engine == "flwr" and joined is not None and (unreachable := check_ray_address(joined)) is not None:
         raise PresetError(unreachable)  # said before any run starts, not as a Ray traceback in each
-    if todo:
-        progress = SweepProgress(output_dir, planned, view)
-        try:
-            with contextlib.ExitStack() as stack:
-                home = output_dir / ".flwr-home"
-                env_extra: dict[str, str] = {}
-                if joined is not None:
-                    log(f"[sweep] every run joins the Ray cluster at {joined} (RAY_ADDRESS)")
-                elif shared_ray:
-                    t_ray = time.perf_counter()
-                    head = stack.enter_context(RayHead(env=flower_env(home)))
-                    env_extra["RAY_ADDRESS"] = head.address
-                    log(f"[sweep] one Ray for the whole sweep at {head.address} "
-                        f"(started in {time.perf_counter() - t_ray:.1f}s; --no-shared-ray: one per run)")
-                link = stack.enter_context(LocalSuperLink(home, port_range=port_range, env_extra=env_extra))
-                for i, (run_config, federation, identity) in enumerate(todo, 1):
-                    name = run_config["run-name"]
-                    t0 = time.perf_counter()
-                    log(f"[sweep] ({i}/{len(todo)}) {name} ...")
-                    (output_dir / name).mkdir(exist_ok=True)
-                    atomic_write_json(output_dir / name / RUN_FILE, {
-                        "run_config": run_config, "federation": federation, "identity": identity,
-                    })
-                    progress.start(i - 1, output_dir / name)
-                    run_id = link.submit(run_config=run_config, federation_config=federation)
-                    with progress.following():
-                        outcome = link.wait(run_id, timeout=timeout)
-                    progress.finish(planned[i - 1][1], outcome.status)
-                    statuses[name] = outcome.status
-                    summary_path = output_dir / name / SUMMARY_FILE
-                    if outcome.completed and summary_path.exists():
-                        s = json.loads(summary_path.read_text())
-                        log(f"[sweep]     best {100 * s['best_accuracy']:.2f}% (round {s['best_round']}), "
-                            f"final {100 * s['final_accuracy']:.2f}%, {time.perf_counter() - t0:.0f}s")
-                    else:
-                        (output_dir / f"{name}.failed.log").write_text(outcome.log)
-                        log(f"[sweep]     {outcome.status}; log in {name}.failed.log")
-        finally:
-            progress.close()
+    if todo and engine == "inprocess":
+        _run_in_process(todo, planned, output_dir, statuses, view, timeout=timeout, parallel=parallel)
+    elif todo:
+        _run_with_flwr(todo, planned, output_dir, statuses, view, timeout=timeout, port_range=port_range,
+                       shared_ray=shared_ray)
     paths = {}
     if report:
         from fedvls_flwr.experiments.report import make_report
@@ -205,6 +179,104 @@ def run_preset(
         except NoRunsError as err:  # every run failed: their logs are said above
             log(f"[sweep] no report: {err}")
     return {"statuses": statuses, "report": paths}
+
+
+def _record_start(output_dir: Path, run_config: dict[str, Any], federation: dict[str, Any],
+                  identity: dict[str, Any]) -> str:
+    name = run_config["run-name"]
+    (output_dir / name).mkdir(exist_ok=True)
+    atomic_write_json(output_dir / name / RUN_FILE, {"run_config": run_config, "federation": federation,
+                                                    "identity": identity})
+    return name
+
+
+def _said_done(output_dir: Path, name: str, seconds: float, log: Callable[[str], None]) -> None:
+    s = json.loads((output_dir / name / SUMMARY_FILE).read_text())
+    log(f"[sweep]     {name}: best {100 * s['best_accuracy']:.2f}% (round {s['best_round']}), "
+        f"final {100 * s['final_accuracy']:.2f}%, {seconds:.1f}s")
+
+
+def _run_with_flwr(todo: list, planned: list, output_dir: Path, statuses: dict[str, str], view: ProgressView, *,
+                   timeout: float, port_range: tuple[int, int] | None, shared_ray: bool) -> None:
+    """Each run a real ``flwr run`` submitted to one SuperLink this sweep starts and stops."""
+    log = view.message
+    joined = ray_address()
+    progress = SweepProgress(output_dir, planned, view)
+    try:
+        with contextlib.ExitStack() as stack:
+            home = output_dir / ".flwr-home"
+            env_extra: dict[str, str] = {}
+            if joined is not None:
+                log(f"[sweep] every run joins the Ray cluster at {joined} (RAY_ADDRESS)")
+            elif shared_ray:
+                t_ray = time.perf_counter()
+                head = stack.enter_context(RayHead(env=flower_env(home)))
+                env_extra["RAY_ADDRESS"] = head.address
+                log(f"[sweep] one Ray for the whole sweep at {head.address} "
+                    f"(started in {time.perf_counter() - t_ray:.1f}s; --no-shared-ray: one per run)")
+            link = stack.enter_context(LocalSuperLink(home, port_range=port_range, env_extra=env_extra))
+            for i, (run_config, federation, identity) in enumerate(todo, 1):
+                t0 = time.perf_counter()
+                name = _record_start(output_dir, run_config, federation, identity)
+                log(f"[sweep] ({i}/{len(todo)}) {name} ...")
+                progress.start(i - 1, output_dir / name)
+                run_id = link.submit(run_config=run_config, federation_config=federation)
+                with progress.following():
+                    outcome = link.wait(run_id, timeout=timeout)
+                progress.finish(planned[i - 1][1], outcome.status)
+                statuses[name] = outcome.status
+                if outcome.completed and (output_dir / name / SUMMARY_FILE).exists():
+                    _said_done(output_dir, name, time.perf_counter() - t0, log)
+                else:
+                    (output_dir / f"{name}.failed.log").write_text(outcome.log)
+                    log(f"[sweep]     {outcome.status}; log in {name}.failed.log")
+    finally:
+        progress.close()
+
+
+def _run_in_process(todo: list, planned: list, output_dir: Path, statuses: dict[str, str], view: ProgressView, *,
+                    timeout: float, parallel: int) -> None:
+    """Each run on the in-process engine, in ``parallel`` worker processes that pay their
+    start-up once; each run's log is its folder's ``run.log``."""
+    from fedvls_flwr.ops.run_pool import Job, RunPool
+
+    log = view.message
+    threads = max(1, (os.cpu_count() or 1) // parallel)
+    log(f"[sweep] in-process engine: {parallel} worker(s), {threads} thread(s) each (--engine flwr: flwr run)")
+    jobs = []
+    for run_config, federation, identity in todo:
+        name = _record_start(output_dir, run_config, federation, identity)
+        jobs.append(Job(name, run_config, int(federation.get("num-supernodes", 10)),
+                        float(federation.get("client-resources-num-cpus", 2.0)), output_dir / name / RUN_LOG, timeout))
+    index = {job.key: i for i, job in enumerate(jobs)}
+    progress = SweepProgress(output_dir, planned, view) if parallel == 1 else None
+    pending, done = list(jobs), 0
+    try:
+        with RunPool(workers=parallel, threads=threads) as pool:
+            while pending or pool.free < parallel:
+                while pending and pool.free > 0:
+                    job = pending.pop(0)
+                    log(f"[sweep] ({index[job.key] + 1}/{len(jobs)}) {job.key} ...")
+                    if progress is not None:
+                        progress.start(index[job.key], job.log.parent)
+                    pool.submit(job)
+                if progress is not None:
+                    progress.poll()
+                for outcome in pool.wait(poll=0.5):
+                    done += 1
+                    statuses[outcome.key] = outcome.status
+                    if progress is not None:
+                        progress.finish(planned[index[outcome.key]][1], outcome.status)
+                    if outcome.status == "completed" and (output_dir / outcome.key / SUMMARY_FILE).exists():
+                        _said_done(output_dir, outcome.key, outcome.seconds, log)
+                    else:
+                        log(f"[sweep]     {outcome.key}: {outcome.status} ({outcome.error}); log in "
+                            f"{outcome.key}/{RUN_LOG}")
+                    if parallel > 1:
+                        log(f"[sweep] {done}/{len(jobs)} runs done")
+    finally:
+        if progress is not None:
+            progress.close()
 
 
 def select_runs(preset: Preset, only: dict[str, Any]) -> Preset:
@@ -247,11 +319,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port-range", metavar="LO-HI",
                         help="take the SuperLink's port from LO-HI (shared hosts, firewalls); "
                              "Ray picks its own internal ports")
+    parser.add_argument("--engine", choices=("inprocess", "flwr"),
+                        help="inprocess (the default on one machine): every run in worker processes that start "
+                             "once; flwr (the default when RAY_ADDRESS is set): every run a real flwr run on a "
+                             "local SuperLink and Ray (docs/running.md, 'Which engine')")
+    parser.add_argument("--parallel", type=int, default=1, metavar="N",
+                        help="in-process engine: N runs at once, each with 1/N of the CPU threads (default 1)")
     parser.add_argument("--no-shared-ray", action="store_true",
                         help="let each run start (and stop) its own Ray, instead of one Ray head on 127.0.0.1 "
                              "that every run of the sweep joins; with RAY_ADDRESS set, every run joins that "
                              "cluster either way (docs/ray-cluster.md)")
     args = parser.parse_args(argv)
+    engine = args.engine or ("flwr" if ray_address() is not None else "inprocess")
+    if args.parallel < 1:
+        parser.error(f"--parallel {args.parallel}: give the number of runs at once, 1 or more")
+    if args.parallel > 1 and engine != "inprocess":
+        parser.error("--parallel runs several runs at once on the in-process engine; with --engine flwr "
+                     "(or RAY_ADDRESS set) the runs share one SuperLink and run one after another")
     try:
         port_range = parse_port_range(args.port_range)
         try:
@@ -270,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         result = run_preset(preset, output_dir, timeout=args.timeout, port_range=port_range,
-                            view=ProgressView.for_terminal(every=args.progress_every), shared_ray=not args.no_shared_ray)
+                            view=ProgressView.for_terminal(every=args.progress_every), shared_ray=not args.no_shared_ray,
+                            engine=engine, parallel=args.parallel)
     except (PresetError, ConfigError, FileNotFoundError, PortRangeError, RayClusterError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -171,14 +171,17 @@ class InProcessRun:
 
 
 def run_in_process(overrides: dict[str, Any], num_supernodes: int = 10, *,
-                   client_cpus: float = FLOWER_DEFAULT_CLIENT_CPUS, project_dir: Path | None = None) -> InProcessRun:
+                   client_cpus: float = FLOWER_DEFAULT_CLIENT_CPUS, project_dir: Path | None = None,
+                   client_app: ClientApp | None = None) -> InProcessRun:
     """Run one experiment on the in-process engine: ``overrides`` of the app's run config (as
     ``flwr run --run-config`` gives them), ``num_supernodes`` simulated nodes. Raises what the
-    ServerApp raises (a run that fails here is one ``flwr run`` reports ``finished:failed``)."""
-    from fedvls_flwr.app.client_app import app as client_app
+    ServerApp raises (a run that fails here is one ``flwr run`` reports ``finished:failed``).
+    ``client_app``: another ClientApp (the tests' fault injection wraps the project's)."""
+    from fedvls_flwr.app.client_app import app as project_client_app
     from fedvls_flwr.app.server_app import RUN_RECORD
     from fedvls_flwr.app.server_app import app as server_app
 
+    client_app = client_app or project_client_app
     run_config = fused_run_config(overrides, project_dir)
     run_id = secrets.randbits(63) or 1
     run = Run.create_empty(run_id)
