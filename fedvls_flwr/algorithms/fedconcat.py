@@ -119,6 +119,46 @@ class ConcatModel(nn.Module):
         return self.head(self.features(x))
 
 
+class _BuiltConcat:
+    """The last concatenated model this process built, with the encoders it was built from.
+
+    Within a run every node receives the same frozen encoders, and a process that serves several
+    nodes (a Ray actor, the in-process engine) would otherwise rebuild the same K encoders for
+    every message. A new request reuses the model when its encoders are equal to the kept ones,
+    tensor for tensor (compared exactly), and loads only the head; anything else rebuilds."""
+
+    def __init__(self) -> None:
+        self.encoders: dict[int, dict[str, torch.Tensor]] | None = None
+        self.model: ConcatModel | None = None
+
+    def get(self, model_factory: Any, encoders: Mapping[int, Mapping[str, torch.Tensor]],
+            head: Mapping[str, torch.Tensor], device: torch.device | None) -> ConcatModel:
+        if self.model is not None and self.encoders is not None and _same_encoders(self.encoders, encoders) \
+                and tuple(self.model.head.weight.shape) == tuple(head["weight"].shape):
+            self.model.head.load_state_dict(dict(head))
+            return self.model if device is None else self.model.to(device)
+        self.model = _concat_model(model_factory(), encoders, head, device)
+        self.encoders = {k: {name: t.detach().clone() for name, t in e.items()} for k, e in encoders.items()}
+        return self.model
+
+
+def _same_encoders(a: Mapping[int, Mapping[str, torch.Tensor]], b: Mapping[int, Mapping[str, torch.Tensor]]) -> bool:
+    if sorted(a) != sorted(b):
+        return False
+    for k in a:
+        if sorted(a[k]) != sorted(b[k]):
+            return False
+        for name, t in a[k].items():
+            other = b[k][name]
+            if t.shape != other.shape or t.dtype != other.dtype or not torch.equal(t, other.to(t.device)):
+                return False
+    return True
+
+
+#: One per process (see :class:`_BuiltConcat`).
+_BUILT = _BuiltConcat()
+
+
 def _concat_model(model: nn.Module, encoders: Mapping[int, Mapping[str, torch.Tensor]], head: Mapping[str, torch.Tensor],
                   device: torch.device | None = None) -> ConcatModel:
     copies = []
@@ -270,7 +310,7 @@ class FedConcat(RoundProtocol):
         encoders = {k: {name: torch.from_numpy(np.asarray(v)) for name, v in _unprefixed(f"encoder{k}/", state).items()}
                     for k in range(self.clusters)}
         head = {"weight": torch.from_numpy(state[HEAD_WEIGHT]), "bias": torch.from_numpy(state[HEAD_BIAS])}
-        return _concat_model(model, encoders, head)
+        return _BUILT.get(lambda: model, encoders, head, None)
 
     def round_info(self, server_round: int) -> dict[str, Any]:
         return {"stage": self.stage(server_round)}
@@ -309,7 +349,7 @@ class FedConcat(RoundProtocol):
         encoders = {k: _unprefixed(f"encoder{k}/", received) for k in clusters}
         head = {"weight": arrays[HEAD_WEIGHT], "bias": arrays[HEAD_BIAS]}
         device, cfg, data = step.device, step.cfg, step.data
-        model = _concat_model(step.model_factory(), encoders, head, device)
+        model = _BUILT.get(step.model_factory, encoders, head, device)
         model.train()
         x, y = data.x, data.y
         n = int(x.shape[0])

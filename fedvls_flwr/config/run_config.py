@@ -15,6 +15,7 @@ ones in :mod:`fedvls_flwr.config.general`, each method's own in :mod:`fedvls_flw
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from collections.abc import Iterable
@@ -114,8 +115,25 @@ def parse_run_config(raw: dict[str, Any], *, strict: bool = True) -> RunConfig:
 
     ``strict`` rejects unknown keys (a typo such as ``lamda-dis`` would otherwise be
     silently ignored); the per-round ConfigRecord adds ``server-round`` and is parsed
-    with ``strict=False``.
+    with ``strict=False``. A client parses the same config with every message: the last
+    few results are kept (RunConfig is frozen), so a message costs a lookup, not a validation.
     """
+    try:
+        # the type is part of the key: 1, 1.0 and True are equal (and hash alike) in Python
+        key = (strict, tuple(sorted((k, type(v).__name__, v) for k, v in raw.items() if k in _BY_KEY or strict)))
+        hash(key)
+    except TypeError:  # an unhashable value (a list): validated as it comes
+        return _parse_run_config(raw, strict=strict)
+    return _parse_cached(key)
+
+
+@functools.lru_cache(maxsize=16)
+def _parse_cached(key: tuple[bool, tuple[tuple[str, str, Any], ...]]) -> RunConfig:
+    strict, items = key
+    return _parse_run_config({k: v for k, _, v in items}, strict=strict)
+
+
+def _parse_run_config(raw: dict[str, Any], *, strict: bool = True) -> RunConfig:
     values: dict[str, Any] = {}
     for key, value in raw.items():
         setting = _BY_KEY.get(key)

@@ -310,12 +310,26 @@ def _local_in_memory(spec: NodeSpec, cfg: RunConfig) -> ClientData:
     return _prepare(spec, cfg)
 
 
+#: Partitions this process prepared from a dataset it holds in memory (a Ray actor or the
+#: in-process engine serving many messages): node identity -> (the dataset it was cut from,
+#: its data). The partitions of one split hold each sample once, so this holds at most one
+#: more copy of the training pool per split; a dataset loaded again (its cache cleared) is a
+#: new object, and its partitions are cut again.
+_PREPARED: dict[str, tuple[DatasetBundle, ClientData]] = {}
+_PREPARED_MAX = 512
+
+
 def _prepare(spec: NodeSpec, cfg: RunConfig) -> ClientData:
-    """Disk cache hit, or build (and write the cache)."""
+    """This process's prepared partition, a disk cache hit, or build (and write the cache)."""
     t0 = time.perf_counter()
     identity, settings = _inputs(spec, cfg)
     data_name, data_dir = identity["dataset"], identity["data-dir"]
     in_memory = (data_name, data_dir) in _LOADED
+    memory_key = _digest({**identity, **settings}) if spec.form == "partition" and in_memory else None
+    if memory_key is not None and memory_key in _PREPARED:
+        source, prepared = _PREPARED[memory_key]
+        if source is dataset_for(cfg):
+            return prepared
 
     def key_now() -> str:
         return _digest({"v": CACHE_VERSION, **identity, **settings, "files": fingerprint(data_name, data_dir, spec.classes)})
@@ -334,6 +348,10 @@ def _prepare(spec: NodeSpec, cfg: RunConfig) -> ClientData:
     data = _build_partition(spec, cfg) if spec.form == "partition" else _build_local(spec, cfg)
     if spec.form == "local" and spec.dataset != FOLDER:
         _LOADED.add((spec.dataset, spec.data_dir))
+    if spec.form == "partition":
+        if len(_PREPARED) >= _PREPARED_MAX:
+            _PREPARED.pop(next(iter(_PREPARED)))
+        _PREPARED[_digest({**identity, **settings})] = (dataset_for(cfg), data)
     written = ""
     if spec.cache_dir is not None and not in_memory:
         # Key computed after the load: a loader may add files once (e.g. unzip MNIST).

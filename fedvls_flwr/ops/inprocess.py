@@ -40,7 +40,7 @@ from uuid import uuid4
 
 import numpy as np
 import torch
-from flwr.app import Context, Error, Message, RecordDict
+from flwr.app import ArrayRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.clientapp.client_app import ClientAppException
 from flwr.common.constant import NUM_PARTITIONS_KEY, PARTITION_ID_KEY, SUPERLINK_NODE_ID, ErrorCode
@@ -77,6 +77,33 @@ def _client_process(threads: int) -> Iterator[None]:
             torch.set_num_threads(server_threads)
             random.setstate(py_state)
             np.random.set_state(np_state)
+
+
+def _own_copy(message: Message) -> Message:
+    """A copy of ``message`` that shares nothing mutable with it: new records, new ``Array``
+    objects over the same (immutable) bytes, lists copied. What a transport's serialisation
+    gives, without re-encoding the arrays."""
+    copied = copy.copy(message)
+    copied.__dict__["_metadata"] = copy.copy(message.metadata)
+    copied.__dict__["_content"] = None if message.__dict__.get("_content") is None else _content_copy(message.content)
+    return copied
+
+
+def _content_copy(content: RecordDict) -> RecordDict:
+    """Records copied without Flower's per-item checks (the items were checked when the server
+    set them): an ``Array``'s fields are replaced, never changed in place, so a copied ``Array``
+    may share its bytes."""
+    out = copy.copy(content)
+    records = {}
+    for name, record in content.items():
+        new = copy.copy(record)
+        if isinstance(record, ArrayRecord):
+            new.__dict__["_data"] = {k: copy.copy(a) for k, a in record.items()}
+        else:  # ConfigRecord / MetricRecord: scalars and lists of scalars
+            new.__dict__["_data"] = {k: list(v) if isinstance(v, list) else v for k, v in record.items()}
+        records[name] = new
+    out.__dict__["_data"] = records
+    return out
 
 
 class InProcessGrid(Grid):
@@ -139,7 +166,7 @@ class InProcessGrid(Grid):
     def _deliver(self, message: Message) -> Message:
         """The node's reply to its own copy of ``message`` (an error reply when the ClientApp raises)."""
         context = self.contexts[message.metadata.dst_node_id]
-        received = copy.deepcopy(message)  # as a transport would: the node's own copy
+        received = _own_copy(message)  # as a transport would: the node's own message
         kept = dict(context.state.items())  # the records the node held before this message
         t0 = time.perf_counter()
         try:
