@@ -37,7 +37,7 @@ from fedvls_flwr.app.launch import PROJECT_DIR
 from fedvls_flwr.app.processes import parse_port_range
 from fedvls_flwr.data.node_config import check_distinct_sites, check_node_folders, parse_node_config
 from fedvls_flwr.deploy.breakdown import BreakdownInputError, breakdown, print_breakdown
-from fedvls_flwr.deploy.certs import make_certificates, missing_loopback_names
+from fedvls_flwr.deploy.certs import CertificateError, make_certificates, missing_loopback_names, san_hosts
 from fedvls_flwr.deploy.fence import FenceError, require_nginx, serve_operator_link, server_block
 from fedvls_flwr.deploy.local import Terminated, evaluation_warning, node_configs, parse_config_string, report, run_local
 from fedvls_flwr.experiments.check import check_run_config
@@ -135,16 +135,34 @@ def _breakdown(args: argparse.Namespace) -> int:
 
 def _certs(args: argparse.Namespace) -> int:
     names = [*args.node, *(f"node-{i}" for i in range(args.nodes))]
-    made = make_certificates(args.out_dir, args.host, names, days=args.days, operators=args.operator or None)
-    print(f"CA certificate:      {made.tls.ca_cert}   (copy to every SuperNode and user machine)")
-    print(f"CA key:              {made.ca_key}   (keep offline; only needed to sign more certificates)")
+    try:
+        made = make_certificates(args.out_dir, args.host, names, days=args.days, operators=args.operator or None)
+    except CertificateError as err:
+        print(f"[deploy] certs: nothing written: {err}", file=sys.stderr)
+        return 2
+
+    def state(*paths: Path) -> str:
+        return "kept" if all(p in made.kept for p in paths) else "new"
+
+    if made.ca_key in made.kept:
+        print(f"[deploy] certs: {args.out_dir} already holds a CA: signing with it (every certificate it "
+              "signed before stays valid); files already there are kept")
+    print(f"CA certificate:      {made.tls.ca_cert}   ({state(made.tls.ca_cert)}; copy to every SuperNode and "
+          "user machine)")
+    print(f"CA key:              {made.ca_key}   ({state(made.ca_key)}; keep offline; needed to sign more "
+          "certificates: run this command on this folder again)")
+    server = state(made.tls.server_cert)
+    if server == "new" and made.tls.server_key in made.kept:
+        server = "signed again by the same CA for the key already there; restart the SuperLink with it"
     print(f"SuperLink cert/key:  {made.tls.server_cert} {made.tls.server_key}   "
-          f"(SAN: {', '.join(dict.fromkeys([*args.host, '127.0.0.1', 'localhost']))})")
+          f"({server}; SAN: {', '.join(san_hosts(made.tls.server_cert))})")
     for name in args.operator or ["operator"]:
-        print(f"Operator {name}: {args.out_dir / (name + '.pem')} {args.out_dir / (name + '.key')} "
-              "(client certificate for the Control API behind the fence; to the operator only)")
+        pem, key = args.out_dir / (name + ".pem"), args.out_dir / (name + ".key")
+        print(f"Operator {name}: {pem} {key} ({state(pem, key)}; client certificate for the Control API behind "
+              "the fence; to the operator only)")
     for name, (private, public) in made.supernode_keys.items():
-        print(f"SuperNode {name}: private {private} (to that SuperNode only), public {public} (flwr supernode register)")
+        print(f"SuperNode {name}: private {private} (to that SuperNode only), public {public} "
+              f"(flwr supernode register) ({state(private, public)})")
     return 0
 
 
