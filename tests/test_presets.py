@@ -214,3 +214,22 @@ def test_a_sweep_still_starts_runs_whose_folders_do_not_exist_yet(tmp_path, monk
     path.write_text("base: {dataset: digits, num-server-rounds: 2}\ngrid: {method: [fedavg, fedvls]}\n")
     with pytest.raises(Started):
         sweep.run_preset(load_preset(path), tmp_path / "out", report=False)
+
+
+@pytest.mark.parametrize("text, key, lines", [
+    ("base: {dataset: digits, lr: 0.1, lr: 0.01}\ngrid: {method: [fedavg]}\n", "lr", "lines 1 and 1"),
+    ("base: {dataset: digits}\ngrid:\n  method: [fedavg, fedprox, moon]\n  method: [fedvls]\n", "method",
+     "lines 3 and 4"),
+    ("name: a\nbase: {dataset: digits}\ngrid: {method: [fedavg]}\nname: b\n", "name", "lines 1 and 4"),
+])
+def test_a_key_given_twice_in_a_preset_is_refused_naming_it_and_its_lines(tmp_path, text, key, lines, capsys):
+    """YAML keeps the last of two equal keys: a grid meant for three methods would run one."""
+    from fedvls_flwr.experiments.sweep import main
+
+    path = tmp_path / "twice.yaml"
+    path.write_text(text)
+    with pytest.raises(PresetError, match=f"key '{key}' is given twice in one mapping \\({lines}\\)"):
+        load_preset(path)
+    assert main([str(path), "--dry-run"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and f"preset {path}: key '{key}' is given twice" in captured.err
