@@ -253,3 +253,33 @@ def test_deploy_launcher_lists_node_data_folders_before_starting(tmp_path, capsy
     (tmp_path / "empty").mkdir()
     assert deploy.main(["local", "--insecure", "--node-data", str(good), str(tmp_path / "empty"), *classes]) == 2
     assert f"folder dataset {tmp_path / 'empty'}: no images found" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("federation, message", [
+    ("num-supernode=2", "--federation-config: unknown key 'num-supernode' (did you mean 'num-supernodes'?)"),
+    ("num-supernodes=0", "--federation-config: 'num-supernodes' = 0: must be an integer >= 1"),
+    ("num-supernodes=2.5", "'num-supernodes' = 2.5: must be an integer >= 1"),
+    ("client-resources-num-cpus=0.5", "'client-resources-num-cpus' = 0.5: must be an integer >= 1"),
+    ("client-resources-num-gpus=-1", "'client-resources-num-gpus' = -1: must be a number >= 0"),
+    ("lr=0.1", "--federation-config: 'lr' is a run-config key: give it in --run-config"),
+])
+def test_a_federation_config_flower_would_refuse_or_cannot_run_is_refused(federation, message, capsys):
+    """Flower refuses an unknown key only after packing the app, and num-supernodes=0 made
+    check advise 'lower min-nodes to at most 0'."""
+    assert main(["--no-data", "--federation-config", federation]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "min-nodes" not in err
+
+
+def test_every_key_flowers_simulation_takes_is_accepted(capsys):
+    from flwr.proto.federation_config_pb2 import SimulationConfig
+
+    from fedvls_flwr.config.federation_config import SIMULATION_KEYS
+
+    assert sorted(k.replace("-", "_") for k in SIMULATION_KEYS) == sorted(
+        f.name for f in SimulationConfig.DESCRIPTOR.fields)
+    everything = ("num-supernodes=4 client-resources-num-cpus=1 client-resources-num-gpus=0.25 backend='ray' "
+                  "verbose=false init-args-num-cpus=2 init-args-num-gpus=0 init-args-logging-level='warning' "
+                  "init-args-log-to-driver=true")
+    assert main(["--no-data", "--federation-config", everything]) == 0
+    assert capsys.readouterr().out.startswith("ok:")

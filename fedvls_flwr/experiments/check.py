@@ -36,6 +36,7 @@ from fedvls_flwr.app.federation import clients_per_round
 from fedvls_flwr.app.ray_cluster import check_cluster_settings
 from fedvls_flwr.app.tracking import check_tracking
 from fedvls_flwr.config.args import parse_run_config_args
+from fedvls_flwr.config.federation_config import check_federation_config
 from fedvls_flwr.config.registry import run_parts
 from fedvls_flwr.config.run_config import ConfigError, RunConfig, model_name, parse_run_config
 
@@ -236,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         overrides = parse_run_config_args(args.run_config)
         federation = parse_run_config_args(args.federation_config, "--federation-config")
+        check_federation_config(federation, RunConfig().to_flower())
         num_supernodes = args.num_supernodes
         if num_supernodes is None and federation.get("num-supernodes") is not None:
             num_supernodes = int(federation["num-supernodes"])
