@@ -283,3 +283,34 @@ def test_every_key_flowers_simulation_takes_is_accepted(capsys):
                   "init-args-log-to-driver=true")
     assert main(["--no-data", "--federation-config", everything]) == 0
     assert capsys.readouterr().out.startswith("ok:")
+
+
+@pytest.mark.parametrize("run_config, message", [
+    ("fedconcat-assignment='0,1'", "'fedconcat-assignment' = '0,1' is a setting of protocol 'fedconcat', but this run "
+                                   "has protocol = 'standard': it would be ignored. Select the part "
+                                   "(protocol='fedconcat'), or leave fedconcat-assignment out"),
+    ("fedgf-c=0.5 local-optimizer='sam'", "'fedgf-c' = 0.5 is a setting of local-optimizer 'fedgf', but this run has "
+                                          "local-optimizer = 'sam'"),
+    ("sam-rho=0.2", "'sam-rho' = 0.2 is a setting of local-optimizer 'sam' or 'fedgf'"),
+    ("fedprox-mu=0.1 method='fedavg'", "'fedprox-mu' = 0.1 is a setting of method 'fedprox'"),
+])
+def test_a_typed_setting_no_selected_part_reads_is_refused(run_config, message, capsys, monkeypatch):
+    from fedvls_flwr.deploy import cli as deploy
+
+    assert main(["--no-data", "--run-config", run_config]) == 2
+    assert message in capsys.readouterr().err
+    monkeypatch.setattr(LocalSuperLink, "start", lambda *a, **k: pytest.fail("a process was started"))
+    assert deploy.main(["local", "--insecure", "--nodes", "2", "--run-config", run_config]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_settings_of_the_selected_parts_and_presets_base_settings_pass(capsys, tmp_path):
+    for run_config in ("protocol='fedconcat' fedconcat-assignment='0,1,0,1'", "local-optimizer='fedgf' fedgf-c=0.5",
+                       "local-optimizer='sam' sam-rho=0.2", str(ROOT / "conf" / "fedvls-authors.toml")):
+        assert main(["--no-data", "--run-config", run_config]) == 0, capsys.readouterr().err
+    from fedvls_flwr.experiments.preset import load_preset
+
+    # a preset's base gives every method's settings; each run reads its own
+    (tmp_path / "p.yaml").write_text("base: {dataset: digits, fedprox-mu: 0.1, fedgf-c: 0.5}\n"
+                                     "grid: {method: [fedavg, fedprox]}\n")
+    assert len(load_preset(tmp_path / "p.yaml").runs) == 2

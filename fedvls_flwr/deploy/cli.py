@@ -35,12 +35,14 @@ from click import ClickException
 from fedvls_flwr.app.flower_cli import TlsFiles
 from fedvls_flwr.app.launch import PROJECT_DIR
 from fedvls_flwr.app.processes import parse_port_range
+from fedvls_flwr.config.part_settings import check_given_settings_apply
+from fedvls_flwr.config.run_config import parse_run_config
 from fedvls_flwr.data.node_config import check_distinct_sites, check_node_folders, parse_node_config
 from fedvls_flwr.deploy.breakdown import BreakdownInputError, breakdown, print_breakdown
 from fedvls_flwr.deploy.certs import CertificateError, make_certificates, missing_loopback_names, san_hosts
 from fedvls_flwr.deploy.fence import FenceError, require_nginx, serve_operator_link, server_block
 from fedvls_flwr.deploy.local import Terminated, evaluation_warning, node_configs, parse_config_string, report, run_local
-from fedvls_flwr.experiments.check import check_run_config
+from fedvls_flwr.experiments.check import check_run_config, project_defaults
 
 #: Debian's nginx package enables this site (port 80, every interface) when it is installed.
 DEBIAN_DEFAULT_SITE = Path("/etc/nginx/sites-enabled/default")
@@ -226,6 +228,7 @@ def _local(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         # the launcher waits for all its nodes unless told otherwise (run_local's min-nodes)
         check_run_config({"min-nodes": len(configs), **run_config}, num_supernodes=len(configs), data=False,
                          app_dir=args.app)
+        check_given_settings_apply(run_config, parse_run_config({**project_defaults(args.app), **run_config}).to_flower())
         specs = [parse_node_config(config) for config in configs]
         check_distinct_sites(specs)
         check_node_folders(specs)

@@ -37,6 +37,7 @@ from fedvls_flwr.app.ray_cluster import check_cluster_settings
 from fedvls_flwr.app.tracking import check_tracking
 from fedvls_flwr.config.args import parse_run_config_args
 from fedvls_flwr.config.federation_config import check_federation_config
+from fedvls_flwr.config.part_settings import check_given_settings_apply
 from fedvls_flwr.config.registry import run_parts
 from fedvls_flwr.config.run_config import ConfigError, RunConfig, model_name, parse_run_config
 
@@ -174,9 +175,12 @@ def warnings_for(cfg: RunConfig, num_supernodes: int | None, pool_size: int | No
 
 def check_run_config(
     overrides: dict[str, Any], num_supernodes: int | None = None, data: bool = True, app_dir: Path = PROJECT_DIR,
-    this_machine: bool = False, warn: list[str] | None = None,
+    this_machine: bool = False, warn: list[str] | None = None, typed: bool = False,
 ) -> RunConfig:
     """The validated config, or an exception whose message says what is wrong.
+
+    ``typed``: ``overrides`` are what a user typed (not a preset's run), so each must be read
+    by a part the run selects (:func:`~fedvls_flwr.config.part_settings.check_given_settings_apply`).
 
     Raises ConfigError (a key), DatasetNotFoundError (the data), PartitionError /
     NodeDataError (the partition for ``num_supernodes`` nodes), and with ``this_machine``
@@ -184,6 +188,8 @@ def check_run_config(
     ``warn`` (a list) receives what is allowed but looks unmeant (:func:`warnings_for`).
     """
     cfg = parse_run_config({**project_defaults(app_dir), **overrides})
+    if typed:
+        check_given_settings_apply(overrides, cfg.to_flower())
     if num_supernodes is not None:
         check_federation(cfg, num_supernodes)
     if this_machine:
@@ -244,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.for_other_machine and (problems := check_cluster_settings(federation)):
             raise ConfigError("; ".join(problems))  # before the data is loaded: a run would not start
         cfg = check_run_config(overrides, num_supernodes, data=not args.no_data,
-                               this_machine=not args.for_other_machine, warn=warnings)
+                               this_machine=not args.for_other_machine, warn=warnings, typed=True)
     except (ValueError, FileNotFoundError) as err:
         # ConfigError (syntax, keys), RunFolderError, PartitionError, NodeDataError, DatasetNotFoundError
         print(f"error: {err}", file=sys.stderr)
