@@ -379,3 +379,18 @@ def test_resume_with_a_stateful_server_optimizer_is_bit_identical(tmp_path, name
             assert sorted(a.files) == sorted(b.files), final
             for key in a.files:
                 assert a[key].dtype == b[key].dtype and np.array_equal(a[key], b[key]), (final, key)
+
+
+def test_the_server_log_warns_of_rounds_that_would_never_end(tmp_path, caplog):
+    """check says it, and so does the run's own log (a run submitted without check)."""
+    from fedvls_flwr.app.server import ServerRun
+
+    cfg = RunConfig(dataset="digits", num_server_rounds=1_000_000_000, output_dir=str(tmp_path), run_name="r")
+    with caplog.at_level(logging.WARNING):
+        ServerRun(TrainingGrid(), cfg)
+    assert "num-server-rounds = 1000000000 is far beyond the at most 300 rounds" in caplog.text
+    assert "samples" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        ServerRun(TrainingGrid(), cfg.replace(num_server_rounds=300, run_name="s"))
+    assert "far beyond" not in caplog.text

@@ -50,6 +50,7 @@ from fedvls_flwr.app.time_left import RoundClock, format_duration
 from fedvls_flwr.app.tracking import check_tracking, open_tracker
 from fedvls_flwr.config.registry import combination_label
 from fedvls_flwr.config.run_config import ConfigError, RunConfig, model_name
+from fedvls_flwr.config.unmeant import rounds_warning
 from fedvls_flwr.data.datasets import DatasetBundle, DatasetNotFoundError, image_format
 from fedvls_flwr.data.node_data import dataset_for
 
@@ -129,6 +130,8 @@ class ServerRun:
         self.start_round, saved_arrays, saved_rounds = _resume_point(cfg, self.run_dir)
         self.saved_round = self.start_round
         self.bundle = server_test_set(cfg)
+        if (unmeant := rounds_warning(cfg, None if self.bundle is None else len(self.bundle.train_y))) is not None:
+            log(WARNING, "%s", unmeant)
         self.evaluation = "server" if self.bundle is not None else "federated"
         if self.bundle is not None:
             self.input_shape, self.num_classes = tuple(self.bundle.input_shape), self.bundle.num_classes

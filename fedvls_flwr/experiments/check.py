@@ -40,6 +40,7 @@ from fedvls_flwr.config.federation_config import check_federation_config
 from fedvls_flwr.config.part_settings import check_given_settings_apply
 from fedvls_flwr.config.registry import run_parts
 from fedvls_flwr.config.run_config import ConfigError, RunConfig, model_name, parse_run_config
+from fedvls_flwr.config.unmeant import rounds_warning
 
 if TYPE_CHECKING:
     from fedvls_flwr.data.bundle import DatasetBundle
@@ -130,8 +131,6 @@ def check_model(cfg: RunConfig, bundle: DatasetBundle | None, warn: list[str]) -
     return smallest is not None
 
 
-#: More rounds than this gets a warning: the presets here run at most 300.
-MAX_SANE_ROUNDS = 10_000
 #: A federation size to judge fraction-train by when check is not told one (the largest here).
 TYPICAL_MAX_NODES = 100
 
@@ -155,15 +154,8 @@ def check_federation(cfg: RunConfig, num_supernodes: int) -> None:
 def warnings_for(cfg: RunConfig, num_supernodes: int | None, pool_size: int | None) -> list[str]:
     """What is allowed but almost surely not meant: a run that would not end, rounds of one client."""
     said = []
-    if cfg.num_server_rounds > MAX_SANE_ROUNDS:
-        work = ""
-        if pool_size:
-            share = cfg.fraction_train * pool_size * cfg.local_epochs
-            work = (f"; every round trains about {share:.3g} samples ({cfg.fraction_train:g} x {pool_size} "
-                    f"x {cfg.local_epochs} local epochs), {share * cfg.num_server_rounds:.3g} in all")
-        said.append(f"warning: num-server-rounds = {cfg.num_server_rounds} is far beyond the at most 300 "
-                    f"rounds of the presets here{work}: this run would not end in any useful time; "
-                    "set the number of rounds you mean")
+    if (rounds := rounds_warning(cfg, pool_size)) is not None:
+        said.append(f"warning: {rounds}")
     nodes = num_supernodes or TYPICAL_MAX_NODES
     if clients_per_round(cfg.fraction_train, nodes) < 2 and nodes >= 2:
         federation = (f"of {nodes} nodes" if num_supernodes else f"on any federation up to {nodes} nodes")
