@@ -381,6 +381,25 @@ def test_resume_with_a_stateful_server_optimizer_is_bit_identical(tmp_path, name
                 assert a[key].dtype == b[key].dtype and np.array_equal(a[key], b[key]), (final, key)
 
 
+def test_resuming_with_fewer_rounds_than_completed_is_refused_by_check_and_server(tmp_path, capsys):
+    """A finished 4-round run resumed with num-server-rounds = 2 would log 'resuming after round
+    4 of 2' and rewrite summary.json with 2 rounds beside rounds_completed 4."""
+    run_experiment(TrainingGrid(), RunConfig(dataset="digits", num_server_rounds=ROUNDS,
+                                             output_dir=str(tmp_path), run_name="r"))
+    summary = (tmp_path / "r" / "summary.json").read_text()
+    fewer = RunConfig(dataset="digits", num_server_rounds=2, output_dir=str(tmp_path), run_name="r", resume=True)
+    said = "has completed 4 rounds, more than num-server-rounds = 2: a run does not go back"
+    with pytest.raises(RunFolderError, match=said):
+        run_experiment(TrainingGrid(), fewer)
+    assert (tmp_path / "r" / "summary.json").read_text() == summary
+    assert check_main(["--no-data", "--run-config",
+                       f"output-dir='{tmp_path}' run-name='r' resume=true num-server-rounds=2"]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "resume with num-server-rounds > 4" in err
+    assert check_main(["--no-data", "--run-config",
+                       f"output-dir='{tmp_path}' run-name='r' resume=true num-server-rounds=6"]) == 0
+
+
 def test_the_server_log_warns_of_rounds_that_would_never_end(tmp_path, caplog):
     """check says it, and so does the run's own log (a run submitted without check)."""
     from fedvls_flwr.app.server import ServerRun

@@ -370,6 +370,13 @@ def read_resume_point(run_dir: Path, config: dict[str, Any]) -> ResumePoint:
             + "; otherwise start a new run (another run-name)."
         )
 
+    asked = config.get("num-server-rounds")
+    if isinstance(asked, int) and done > asked:
+        raise RunFolderError(
+            f"resume: the run in {run_dir} has completed {done} rounds, more than num-server-rounds = {asked}: "
+            f"a run does not go back. To train it further, resume with num-server-rounds > {done}; for a "
+            f"{asked}-round result start a new run-name (this run's rounds 1..{asked} are in its {ROUNDS_FILE})"
+        )
     kept = [r for r in records if r["round"] <= done]
     got = [r["round"] for r in kept]
     if got != list(range(done + 1)):

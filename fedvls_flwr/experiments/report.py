@@ -34,6 +34,7 @@ from fedvls_flwr.experiments.plots import (
     plot_partition,
     plot_per_class,
 )
+from fedvls_flwr.experiments.preset import TABLE_EXTRA_VALUES
 from fedvls_flwr.experiments.runs import (
     NoRunsError,
     RunRecord,
@@ -45,7 +46,6 @@ from fedvls_flwr.experiments.runs import (
     load_runs,
     method_label,
 )
-from fedvls_flwr.experiments.preset import TABLE_EXTRA_VALUES
 from fedvls_flwr.experiments.stages_table import write_stages
 from fedvls_flwr.experiments.tables import ReportTable, paired_gaps, table, write_gaps, write_table
 
