@@ -455,3 +455,15 @@ def test_supernodes_poll_for_tasks_every_tenth_of_a_second_unless_told(tmp_path,
     assert env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] == "1.0"
     cmd, _ = link.supernode_command("c")
     assert cmd[cmd.index("--superlink") + 1] == link.address  # no fence: the SuperLink itself
+
+
+def test_deploy_local_help_says_what_nodes_are_and_a_bad_timeout_starts_nothing(capsys, monkeypatch):
+    with pytest.raises(SystemExit):
+        deploy.main(["local", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--nodes N SuperNodes to start, each training on partition i" in help_text
+    assert "stop the run after this many seconds (default: 3600)" in help_text
+    monkeypatch.setattr(LocalSuperLink, "start", lambda *a, **k: pytest.fail("a process was started"))
+    with pytest.raises(SystemExit) as exited:
+        deploy.main(["local", "--insecure", "--timeout", "-5"])
+    assert exited.value.code == 2 and "argument --timeout: -5: give a number of seconds > 0" in capsys.readouterr().err

@@ -233,3 +233,38 @@ def test_a_key_given_twice_in_a_preset_is_refused_naming_it_and_its_lines(tmp_pa
     assert main([str(path), "--dry-run"]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and f"preset {path}: key '{key}' is given twice" in captured.err
+
+
+@pytest.mark.parametrize("timeout", ["-5", "0", "inf", "soon"])
+def test_a_sweep_timeout_that_is_not_seconds_is_refused_before_anything_starts(tmp_path, timeout, capsys,
+                                                                               monkeypatch):
+    """A negative timeout started Ray and a SuperLink, then stopped every run at once."""
+    from fedvls_flwr.experiments import sweep
+
+    monkeypatch.setattr(sweep, "run_preset", lambda *a, **k: pytest.fail("the sweep started"))
+    with pytest.raises(SystemExit) as exited:
+        sweep.main([str(CONF / "mnist10k-dir0.05.yaml"), "-o", str(tmp_path / "out"), "--timeout", timeout])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --timeout: " in err and timeout in err and "seconds" in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("where", ["afile", "afile/runs"])
+def test_a_sweep_output_dir_that_is_a_file_is_refused_as_such(tmp_path, where, capsys, monkeypatch):
+    from fedvls_flwr.experiments import sweep
+
+    monkeypatch.setattr(sweep, "run_preset", lambda *a, **k: pytest.fail("the sweep started"))
+    (tmp_path / "afile").write_text("x")
+    assert sweep.main([str(CONF / "mnist10k-dir0.05.yaml"), "-o", str(tmp_path / where)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: --output-dir {tmp_path / where}: " in err and "is a file; give a folder" in err
+    assert "free space" not in err
+
+
+def test_sweep_help_gives_the_timeout_default(capsys):
+    from fedvls_flwr.experiments.sweep import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "seconds per run before it is stopped (default: 3600)" in " ".join(capsys.readouterr().out.split())

@@ -35,6 +35,7 @@ from click import ClickException
 from fedvls_flwr.app.flower_cli import TlsFiles
 from fedvls_flwr.app.launch import PROJECT_DIR
 from fedvls_flwr.app.processes import parse_port_range
+from fedvls_flwr.config.args import seconds
 from fedvls_flwr.config.part_settings import check_given_settings_apply
 from fedvls_flwr.config.run_config import parse_run_config
 from fedvls_flwr.data.node_config import check_distinct_sites, check_node_folders, parse_node_config
@@ -64,7 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--days", type=int, default=365, help="validity of the certificates")
 
     loc = sub.add_parser("local", help="SuperLink + N SuperNodes on 127.0.0.1, one streamed run, then stop all")
-    loc.add_argument("--nodes", type=int, default=2)
+    loc.add_argument("--nodes", type=int, default=2, metavar="N",
+                     help="SuperNodes to start, each training on partition i of num-partitions = N of the run's "
+                          "dataset (default: %(default)s; --node-data sets it to the number of folders)")
     loc.add_argument("--insecure", action="store_true",
                      help="no TLS, no SuperNode authentication, no fence (explicit opt-out)")
     loc.add_argument("--tls", action="store_true", help="TLS with generated certificates (the default)")
@@ -88,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a SuperNode's raw --node-config (repeat once per node; overrides the above)")
     loc.add_argument("--workdir", type=Path, help="certificates, Flower homes and logs (default: a new temp folder)")
     loc.add_argument("--app", type=Path, default=PROJECT_DIR, help="the Flower app folder (default: this project)")
-    loc.add_argument("--timeout", type=float, default=3600.0, help="stop the run after this many seconds")
+    loc.add_argument("--timeout", type=seconds, default=3600.0, metavar="SECONDS",
+                     help="stop the run after this many seconds (default: %(default)g)")
     loc.add_argument("--debug-logs", action="store_true",
                      help="FLWR_LOG_LEVEL=DEBUG everywhere (timestamped logs, for `breakdown`)")
 
