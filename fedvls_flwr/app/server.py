@@ -255,12 +255,13 @@ class ServerRun:
         record = self.round_record(server_round, metrics, report, t_eval)
         self.save_round(server_round, record, arrays, report)
         self.clock.observe(server_round)
-        left = self.clock.left()
+        left = self.clock.steady_left()
         log(
-            INFO, "round %d/%d: accuracy %s  loss %s  train-loss %s  clients %d/%d on %s  %.2fs  ~%s left",
+            INFO, "round %d/%d: accuracy %s  loss %s  train-loss %s  clients %d/%d on %s  %.2fs  %s",
             server_round, self.cfg.num_server_rounds, _fmt(metrics["accuracy"]), _fmt(metrics["loss"]),
             f"{report.train_metrics.get('train-loss', float('nan')):.4f}",
-            report.accepted, report.sampled, _devices_text(record), record["seconds"], format_duration(left),
+            report.accepted, report.sampled, _devices_text(record), record["seconds"],
+            f"~{format_duration(left)} left" if left is not None else f"time left: after round {server_round + 1}",
         )
         emit(ROUND_END, round=server_round, accuracy=metrics["accuracy"], seconds=record["seconds"], seconds_left=left)
 
