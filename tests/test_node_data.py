@@ -22,15 +22,14 @@ DIGIT_CLASSES = ",".join(str(i) for i in range(10))
 def fresh_process_state(monkeypatch, tmp_path):
     """Each test starts like a fresh ClientApp process, with its own cache folder."""
     monkeypatch.setenv("FEDVLS_CACHE_DIR", str(tmp_path / "cache"))
-    N._LOADED.clear()
-    N._local_in_memory.cache_clear()
+    fresh_process()
     yield
-    N._LOADED.clear()
-    N._local_in_memory.cache_clear()
+    fresh_process()
 
 
 def fresh_process() -> None:
     N._LOADED.clear()
+    N._SAID.clear()
     N._local_in_memory.cache_clear()
 
 
@@ -351,3 +350,22 @@ def test_a_symlink_loop_is_refused_not_read_forty_times(tmp_path):
     (root / "2").symlink_to(root)  # a class folder that is the data folder itself
     with pytest.raises(ValueError, match=f"{root}/2 is the folder {root} again"):
         N.node_client_data(cfg_for(), folder_node(root, **{"cache-dir": str(tmp_path / "c")}))
+
+
+def test_a_process_serving_many_partitions_says_where_its_data_came_from_once(caplog):
+    """A simulation's Ray actor prepares a partition for every client of every round: one
+    INFO line per process, the rest at DEBUG (a deployment's ClientApp, one process per
+    message, still says it every message)."""
+    cfg = cfg_for()
+    with caplog.at_level(logging.DEBUG, logger="flwr"):
+        for _ in range(2):  # two rounds
+            for pid in range(4):
+                N.node_client_data(cfg, {"partition-id": pid, "num-partitions": 4})
+    said = [r for r in caplog.records if r.getMessage().startswith("node data:")]
+    assert len(said) == 8
+    assert [r.levelno for r in said] == [logging.INFO] + [logging.DEBUG] * 7
+    fresh_process()  # the next message of a deployment: a new ClientApp process
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        N.node_client_data(cfg, {"partition-id": 0, "num-partitions": 4})
+    assert "node data: partition 0/4 of digits" in caplog.text and "from the cache" in caplog.text
