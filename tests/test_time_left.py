@@ -209,3 +209,4 @@ def test_after_one_round_a_later_run_uses_the_finished_runs_seconds_per_round(tm
     second = _finished_watch(tmp_path, "b", 4, 100.0, [110.0, 140.0])  # round 1: 30 s, mostly start-up
     assert second.clock.left(now=140.0) == approx(90.0)  # the run's own slope
     assert clock.run_left(1, second, now=140.0) == approx(3 * 5.0 + 2.0)  # the finished run's 5 s per round
+

@@ -159,6 +159,9 @@ class ServerRun:
         self.label = combination_label(cfg.to_flower())
         log(INFO, "%s on %s (%s), %s evaluation, results in %s",
             self.label, cfg.dataset, model_name(cfg), self.evaluation, self.run_dir)
+        if is_simulation(grid):  # Flower 1.41 warns "default simulated SuperNodes changed from 10 to 2" in every one
+            log(INFO, "federation: %d simulated SuperNodes (Flower's warning above is about its default, said in "
+                "every simulation; the size is --federation-config \"num-supernodes=N\")", len(list(grid.get_node_ids())))
         self.strategy = CheckedFedAvg(cfg)
         self.strategy.protocol.bind_model(self.model)
         self.saved_arrays = None if saved_arrays is None else self.strategy.load_server_state(saved_arrays)
