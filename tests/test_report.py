@@ -509,3 +509,13 @@ def test_a_complete_run_whose_rounds_file_lost_lines_is_tabulated_and_named(tmp_
     assert f"warning: {run}: {what}, but summary.json says all 3 rounds were completed" in err
     assert "stop" not in err and "left out" not in err
     assert "80.00 (70.00)" in (tmp_path / "report" / "results.md").read_text()
+
+
+def test_report_help_says_which_keys_rows_and_cols_take(capsys):
+    from fedvls_flwr.experiments.report import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "keys that make the table's rows (default: dataset,partition,dirichlet-beta); comma-separated: method" in text
+    assert "or any run-config key" in text and "keys that make its columns (default: method)" in text
