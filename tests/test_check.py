@@ -293,6 +293,9 @@ def test_every_key_flowers_simulation_takes_is_accepted(capsys):
                                           "local-optimizer = 'sam'"),
     ("sam-rho=0.2", "'sam-rho' = 0.2 is a setting of local-optimizer 'sam' or 'fedgf'"),
     ("fedprox-mu=0.1 method='fedavg'", "'fedprox-mu' = 0.1 is a setting of method 'fedprox'"),
+    ("local-optimizer='fedgf' fedgf-threshold=2.0", "'fedgf-threshold' = 2.0 is read only with fedgf-c-mode = "
+                                                    "'adaptive' (this run: 'fixed'): it would be ignored. Set "
+                                                    "fedgf-c-mode='adaptive', or leave fedgf-threshold out"),
 ])
 def test_a_typed_setting_no_selected_part_reads_is_refused(run_config, message, capsys, monkeypatch):
     from fedvls_flwr.deploy import cli as deploy

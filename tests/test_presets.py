@@ -268,3 +268,34 @@ def test_sweep_help_gives_the_timeout_default(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     assert "seconds per run before it is stopped (default: 3600)" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_finished_run_differing_only_in_settings_it_does_not_read_is_the_planned_run(tmp_path):
+    """A FedGF run with a fixed c recorded fedgf-threshold = 1.5 (its default until it had none)
+    and an SGD run recorded another method's fedprox-mu: neither reads them, so neither folder
+    holds an 'other' run, and they are not run again."""
+    import json
+
+    from fedvls_flwr.config.run_config import RunConfig
+    from fedvls_flwr.experiments import sweep
+
+    out = tmp_path / "out"
+    preset_path = tmp_path / "p.yaml"
+    preset_path.write_text("base: {dataset: digits, num-server-rounds: 1}\n"
+                           "grid: {method: [fedvls], local-optimizer: [sgd, fedgf]}\nfederation: {num-supernodes: 3}\n")
+    for overrides in load_preset(preset_path).runs:
+        recorded = {**RunConfig().to_flower(), **{k: v for k, v in overrides.items() if k != "num-supernodes"},
+                    "fedgf-threshold": 1.5, "fedprox-mu": 0.5}
+        (out / overrides["run-name"]).mkdir(parents=True)
+        (out / overrides["run-name"] / "summary.json").write_text(json.dumps({"status": "completed", "config": recorded}))
+    result = sweep.run_preset(load_preset(preset_path), out, report=False)
+    assert list(result["statuses"].values()) == ["skipped (finished earlier)"] * 2
+    adaptive = tmp_path / "adaptive.yaml"
+    adaptive.write_text("base: {dataset: digits, num-server-rounds: 1, local-optimizer: fedgf, fedgf-c-mode: adaptive, "
+                        "fedgf-threshold: 1.6}\ngrid: {method: [fedvls]}\nfederation: {num-supernodes: 3}\n")
+    (run,) = load_preset(adaptive).runs
+    recorded = {**RunConfig().to_flower(), **run, "fedgf-threshold": 1.5}
+    (out / run["run-name"]).mkdir()
+    (out / run["run-name"] / "summary.json").write_text(json.dumps({"status": "completed", "config": recorded}))
+    with pytest.raises(PresetError, match="other settings than planned for it \\(fedgf-threshold\\)"):
+        sweep.run_preset(load_preset(adaptive), out, report=False)  # the adaptive mode reads it

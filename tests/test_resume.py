@@ -413,3 +413,16 @@ def test_the_server_log_warns_of_rounds_that_would_never_end(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         ServerRun(TrainingGrid(), cfg.replace(num_server_rounds=300, run_name="s"))
     assert "far beyond" not in caplog.text
+
+
+@pytest.mark.parametrize("local_optimizer", ["sgd", "fedgf"])
+def test_a_setting_nothing_in_the_run_reads_does_not_stop_a_resume(tmp_path, local_optimizer):
+    """Runs recorded fedgf-threshold = 1.5, its default until it had none; neither an SGD run
+    nor a FedGF run with a fixed c reads it, so the new default must not make them 'other'."""
+    cfg = RunConfig(dataset="digits", num_server_rounds=2, output_dir=str(tmp_path), run_name="r",
+                    local_optimizer=local_optimizer)
+    run_experiment(TrainingGrid(), cfg.replace(fedgf_threshold=1.5))
+    run_dir = run_experiment(TrainingGrid(), cfg.replace(num_server_rounds=3, resume=True))
+    assert [r["round"] for r in read_rounds(run_dir)] == [0, 1, 2, 3]
+    with pytest.raises(RunFolderError, match="other settings \\(lr: 0.01 -> 0.5\\)"):  # a setting the run reads
+        run_experiment(TrainingGrid(), cfg.replace(num_server_rounds=4, resume=True, lr=0.5))

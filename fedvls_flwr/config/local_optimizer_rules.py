@@ -19,3 +19,12 @@ def fedgf_rules(values: Mapping[str, Any]) -> str | None:
             "below round 1's D of about 1.6 on mnist10k at Dirichlet 0.05, so c jumped to 1 and training "
             "diverged). Run with fedgf-c-mode='fixed' first: rounds.jsonl records D as fedgf_divergence every "
             "round; set fedgf-threshold inside their range (e.g. their median)")
+
+
+def fedgf_unread(values: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
+    """FedGF's settings its c-mode does not read: the threshold and window with a fixed c,
+    the fixed c in the adaptive mode (key -> why, how to make it count)."""
+    if values["fedgf-c-mode"] == "adaptive":
+        return {"fedgf-c": ("read only with fedgf-c-mode = 'fixed' (this run: 'adaptive')", "set fedgf-c-mode='fixed'")}
+    why = "read only with fedgf-c-mode = 'adaptive' (this run: 'fixed')"
+    return {key: (why, "set fedgf-c-mode='adaptive'") for key in ("fedgf-threshold", "fedgf-window")}

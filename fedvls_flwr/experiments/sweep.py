@@ -38,6 +38,7 @@ from fedvls_flwr.app.processes import PortRangeError, parse_port_range
 from fedvls_flwr.app.ray_cluster import RayClusterError, RayHead, check_ray_address, ray_address
 from fedvls_flwr.app.results import SUMMARY_FILE, atomic_write_json
 from fedvls_flwr.config.args import parse_items, seconds
+from fedvls_flwr.config.part_settings import unread_settings
 from fedvls_flwr.config.run_config import ConfigError, RunConfig, parse_run_config
 from fedvls_flwr.experiments.preset import (
     FEDERATION_KEYS,
@@ -69,10 +70,17 @@ def experiment_identity(run_config: dict[str, Any], num_supernodes: Any) -> dict
 
 
 def _with_defaults(settings: dict[str, Any]) -> dict[str, Any]:
-    """A run's settings with every key it does not record at its default: a run made by an
-    older version, which did not know a key yet, ran with that key's default behaviour."""
+    """A run's settings with every key it does not record at its default (a run made by an
+    older version, which did not know a key yet, ran with that key's default behaviour), less
+    the settings nothing in the run reads (another part's, or FedGF's threshold with a fixed
+    c): they do not change what it computes."""
     defaults = {k: v for k, v in RunConfig().to_flower().items() if k not in NON_IDENTITY_KEYS}
-    return {**defaults, **{k: v for k, v in settings.items() if k not in NON_IDENTITY_KEYS}}
+    full = {**defaults, **{k: v for k, v in settings.items() if k not in NON_IDENTITY_KEYS}}
+    try:
+        unread = unread_settings({**RunConfig().to_flower(), **full})
+    except ValueError:  # a part this version does not know: compare everything
+        unread = {}
+    return {k: v for k, v in full.items() if k not in unread}
 
 
 def _identity_key(identity: dict[str, Any]) -> str:
