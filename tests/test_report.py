@@ -519,3 +519,15 @@ def test_report_help_says_which_keys_rows_and_cols_take(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "keys that make the table's rows (default: dataset,partition,dirichlet-beta); comma-separated: method" in text
     assert "or any run-config key" in text and "keys that make its columns (default: method)" in text
+
+
+def test_runs_differing_only_in_a_setting_they_do_not_read_are_not_noted_as_mixed(tmp_path: Path):
+    """FedGF runs with a fixed c recorded fedgf-threshold 1.5 (its old default) or 0 (unset):
+    neither reads it, so a cell holding both is not 'mixed'; a fixed c that differs is."""
+    fedgf = {"local-optimizer": "fedgf", "fedgf-c-mode": "fixed", "fedgf-c": 0.3}
+    _write_run(tmp_path / "a", _config("fedavg", 0, **fedgf, **{"fedgf-threshold": 1.5}), 0.8, 0.8)
+    _write_run(tmp_path / "b", _config("fedavg", 1, **fedgf, **{"fedgf-threshold": 0.0}), 0.9, 0.9)
+    assert not any("runs differ" in note for note in table(load_runs(tmp_path)).notes)
+    _write_run(tmp_path / "c", _config("fedavg", 2, **{**fedgf, "fedgf-c": 0.5}), 0.9, 0.9)
+    assert any("runs differ in: fedgf-c" in note and "fedgf-threshold" not in note
+               for note in table(load_runs(tmp_path)).notes)
