@@ -147,7 +147,7 @@ class RunConfigFields:
     fedgf_c: float = 0.3
     #: FedGF: 'fixed' (c = fedgf-c) or 'adaptive' (the authors' code: from the divergence D)
     fedgf_c_mode: str = "fixed"
-    #: FedGF adaptive c: threshold T_D on D = mean_k ||w_global - w_k||; no default: set it for fedgf-c-mode='adaptive', from the fedgf_divergence a fixed-c run records
+    #: FedGF adaptive c: threshold T_D on D = mean_k ||w_global - w_k||; no default: required with fedgf-c-mode='adaptive'
     fedgf_threshold: float = 0.0
     #: FedGF adaptive c: window W of rounds (the authors' script: 30)
     fedgf_window: int = 30

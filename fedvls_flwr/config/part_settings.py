@@ -37,10 +37,11 @@ def unread_settings(values: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
     for key, by_kind in readers.items():
         if any(selected[kind] in names for kind, names in by_kind.items()):
             continue
-        parts = " or ".join(f"{kind} {_either([repr(n) for n in names])}" for kind, names in by_kind.items())
+        owners = " or ".join(f"{kind} {_either([repr(n) for n in names])}" for kind, names in by_kind.items())
         this_run = ", ".join(f"{kind} = '{selected[kind]}'" for kind in by_kind)
-        kind, names = next(iter(by_kind.items()))
-        out[key] = (f"a setting of {parts}, but this run has {this_run}", f"select the part ({kind}='{names[0]}')")
+        first_kind, first_names = next(iter(by_kind.items()))
+        out[key] = (f"a setting of {owners}, but this run has {this_run}",
+                    f"select the part ({first_kind}='{first_names[0]}')")
     if selected["local-optimizer"] == "fedgf":
         out.update(fedgf_unread(values))
     return out

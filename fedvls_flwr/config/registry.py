@@ -80,8 +80,7 @@ FEDGF_C_MODE = Setting(
 )
 FEDGF_THRESHOLD = Setting(
     "fedgf-threshold", 0.0,
-    "FedGF adaptive c: threshold T_D on D = mean_k ||w_global - w_k||; no default: set it for "
-    "fedgf-c-mode='adaptive', from the fedgf_divergence a fixed-c run records",
+    "FedGF adaptive c: threshold T_D on D = mean_k ||w_global - w_k||; no default: required with fedgf-c-mode='adaptive'",
     **at_least(0, "0 = unset"),
 )
 FEDGF_WINDOW = Setting("fedgf-window", 30, "FedGF adaptive c: window W of rounds (the authors' script: 30)",

@@ -309,8 +309,8 @@ def make_certificates(
     for name in operators if operators is not None else ["operator"]:
         leaf(out / f"{name}.pem", out / f"{name}.key", name, None)
         operator_files.append((out / f"{name}.pem", out / f"{name}.key"))
-    first = operator_files[0] if operator_files else (None, None)
-    return CertificateSet(tls, out / "ca.key", keys, *first, kept=tuple(kept))
+    cert, key = operator_files[0] if operator_files else (None, None)
+    return CertificateSet(tls, out / "ca.key", keys, operator_cert=cert, operator_key=key, kept=tuple(kept))
 
 
 def make_supernode_key(path: Path) -> tuple[Path, Path]:

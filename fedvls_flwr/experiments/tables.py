@@ -125,7 +125,8 @@ def _mixed_settings(runs: list[RunRecord], skip: set[str]) -> list[str]:
     """Config keys whose values differ among these runs (that matter to their method)."""
     keys = set().union(*(r.config.keys() for r in runs)) - IGNORED_KEYS - skip
     relevant = {s.key for r in runs for part in _parts_of(r.config) for s in part.settings}
-    relevant -= set.intersection(*(_unread(r.config) for r in runs)) if runs else set()
+    unread = [_unread(r.config) for r in runs]
+    relevant -= set(unread[0]).intersection(*unread[1:]) if unread else set()
     every_method_key = {s.key for s in method_settings()}
     mixed = []
     for key in sorted(keys):
