@@ -7,6 +7,7 @@
     fedvls deploy certs|local|...          certificates, the fence, a one-machine deployment
     fedvls config                          [tool.flwr.app.config] as pyproject.toml must hold it
     fedvls wheelhouse -o DIR               every wheel an offline (GPU) host needs, but its torch
+    fedvls --version                       this package's version, with flwr's, torch's and Python's
 
 ``python -m fedvls_flwr COMMAND`` is the same. Each command's module is imported only when
 it runs, so ``fedvls report`` loads neither torch nor Flower.
@@ -34,11 +35,32 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def usage() -> str:
     width = max(map(len, COMMANDS))
     lines = [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
-    return "usage: fedvls COMMAND [ARGS...]   (or python -m fedvls_flwr COMMAND)\n\ncommands:\n" + "\n".join(lines)
+    return ("usage: fedvls COMMAND [ARGS...]   (or python -m fedvls_flwr COMMAND)\n"
+            "       fedvls --version\n\ncommands:\n" + "\n".join(lines))
+
+
+def version() -> str:
+    """This package's version and the versions of what it runs on (read from the installed
+    packages' metadata: nothing is imported), for bug reports and for comparing two machines."""
+    import platform
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    def of(name: str) -> str:
+        try:
+            return installed(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return (f"fedvls-flwr {of('fedvls-flwr')} (flwr {of('flwr')}, torch {of('torch')}, "
+            f"Python {platform.python_version()})")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in ("--version", "-V"):
+        print(version())
+        return 0
     if not args or args[0] in ("-h", "--help", "help"):
         print(usage())
         return 0 if args else 2

@@ -19,6 +19,8 @@ from scripts.reliability_setups import (
     DIGITS,
     GOOD_PRESET,
     bad_label_mnist,
+    certificate_folder,
+    finished_runs,
     moved,
     node_folders,
     preset,
@@ -33,6 +35,7 @@ CHECK = ("-m", "fedvls_flwr", "check")
 SWEEP = ("-m", "fedvls_flwr.experiments.sweep")
 DEPLOY = ("-m", "fedvls_flwr", "deploy", "local", "--insecure")
 REPORT = ("-m", "fedvls_flwr", "report")
+CERTS = ("-m", "fedvls_flwr", "deploy", "certs", "{tmp}/certs", "--host", "127.0.0.1", "--node", "site-3")
 NO_RAY = (("RAY_ADDRESS", "127.0.0.1:9"),)
 
 
@@ -258,6 +261,37 @@ CASES: tuple[Case, ...] = (
           "protocol='fedconcat' fedconcat-clusters=8", "--num-supernodes", "4", "--no-data"),
     check("fedconcat-assignment-short", "FedConcat `fedconcat-assignment='0,1'` on 4 nodes (new)",
           "protocol='fedconcat' fedconcat-assignment='0,1'", "--num-supernodes", "4", "--no-data"),
+    # round five: an operator's CA, silent acceptances, defaults that diverge (new)
+    Case("certs-existing-ca", "`deploy certs` on a folder that already holds a CA (new)", CERTS,
+         setup=certificate_folder(), pick=r"already holds a CA|^CA (certificate|key)|^SuperNode site-3"),
+    Case("certs-half-ca", "`deploy certs` on a folder holding `ca.pem` but not `ca.key` (new)", CERTS,
+         setup=certificate_folder("ca.key"), pick=r"nothing written"),
+    sweep("preset-duplicate-key", "preset: `method` twice in grid (new)", "{tmp}/presets/twice.yaml", "--dry-run",
+          setup=preset("name: p\nbase: {dataset: digits}\ngrid:\n  method: [fedavg, fedprox, moon]\n"
+                       "  method: [fedvls]\n", "twice")),
+    sweep("sweep-timeout-negative", "sweep `--timeout -5` (new)", "conf/mnist10k-dir0.05.yaml", "-o", "{tmp}/out",
+          "--timeout", "-5"),
+    sweep("sweep-output-file", "sweep `-o` an existing file (new)", "conf/mnist10k-dir0.05.yaml", "-o", "{tmp}/afile",
+          setup=write_file("afile", "x")),
+    Case("report-rows-typo", "report `--rows datset` (new)", REPORT + ("{tmp}/runs", "--rows", "datset"), fast=True,
+         setup=finished_runs()),
+    Case("report-gap-typo", "report `--gap FedVLS:FedAvgg` (new)", REPORT + ("{tmp}/runs", "--gap", "FedVLS:FedAvgg"),
+         fast=True, setup=finished_runs()),
+    Case("report-rounds-last-line", "report of a complete run whose `rounds.jsonl` lost its last line (new)",
+         REPORT + ("{tmp}/runs",), fast=True, setup=finished_runs("last-line"), pick=r"^(error|warning|left out)"),
+    Case("report-rounds-missing", "report of a complete run without `rounds.jsonl` (new)",
+         REPORT + ("{tmp}/runs",), fast=True, setup=finished_runs("missing"), pick=r"^(error|warning|left out)"),
+    check("federation-key-typo", "`--federation-config` key typo `num-supernode=2` (new)", None, "--no-data",
+          "--federation-config", "num-supernode=2"),
+    check("federation-zero-nodes", "`--federation-config` with `num-supernodes=0` (new)", None, "--no-data",
+          "--federation-config", "num-supernodes=0"),
+    check("part-setting-unselected", "`fedconcat-assignment='0,1'` without `protocol='fedconcat'` (new)",
+          "fedconcat-assignment='0,1'", "--no-data"),
+    check("resume-fewer-rounds", "resume a finished 4-round run with `num-server-rounds=2` (new)",
+          "output-dir='{tmp}/runs' run-name='ok' resume=true num-server-rounds=2", "--no-data",
+          setup=run_folder("ok", 4, finished=True)),
+    check("fedgf-adaptive-no-threshold", "FedGF `fedgf-c-mode='adaptive'` without `fedgf-threshold` (new)",
+          "local-optimizer='fedgf' fedgf-c-mode='adaptive'", "--no-data"),
     # a good config
     check("good", "a good config (digits, with data and split)", "method='fedavg'", "--num-supernodes", "10",
           fast=False),

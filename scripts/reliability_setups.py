@@ -139,3 +139,40 @@ def node_folders(kind: str) -> Callable[[Path], None]:
             digit_folder(bad, [5, 6])
             (bad / "6" / "x.png").mkdir()
     return setup
+
+
+def certificate_folder(missing: str | None = None) -> Callable[[Path], None]:
+    """``{tmp}/certs`` as ``deploy certs`` made it (a CA, a server and an operator certificate),
+    less the file ``missing``."""
+    def setup(tmp: Path) -> None:
+        from fedvls_flwr.deploy.certs import make_certificates
+
+        make_certificates(tmp / "certs", ["127.0.0.1"], ["node-0"])
+        if missing is not None:
+            (tmp / "certs" / missing).unlink()
+    return setup
+
+
+def finished_runs(damage: str | None = None) -> Callable[[Path], None]:
+    """``{tmp}/runs`` with a finished FedAvg and a finished FedVLS run (3 rounds each, written as
+    the server writes them); ``damage``: the FedVLS run's rounds.jsonl lost its last line
+    ("last-line") or is gone ("missing")."""
+    import json
+
+    def setup(tmp: Path) -> None:
+        for method, accuracies in (("fedavg", [0.1, 0.5, 0.7, 0.8]), ("fedvls", [0.1, 0.4, 0.6, 0.65])):
+            run = tmp / "runs" / method
+            run.mkdir(parents=True)
+            config = {"method": method, "dataset": "digits", "partition": "dirichlet", "dirichlet-beta": 0.05,
+                      "seed": 0, "num-server-rounds": 3, "run-name": method}
+            rounds = [{"round": r, "accuracy": a} for r, a in enumerate(accuracies)]
+            (run / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rounds))
+            (run / "summary.json").write_text(json.dumps({
+                "config": config, "status": "completed", "rounds_completed": 3, "best_accuracy": max(accuracies),
+                "best_round": 3, "final_accuracy": accuracies[-1], "final_round": 3}))
+        lost = tmp / "runs" / "fedvls" / "rounds.jsonl"
+        if damage == "missing":
+            lost.unlink()
+        elif damage == "last-line":
+            lost.write_text("".join(lost.read_text().splitlines(keepends=True)[:-1]))
+    return setup

@@ -253,3 +253,67 @@ def test_deploy_launcher_lists_node_data_folders_before_starting(tmp_path, capsy
     (tmp_path / "empty").mkdir()
     assert deploy.main(["local", "--insecure", "--node-data", str(good), str(tmp_path / "empty"), *classes]) == 2
     assert f"folder dataset {tmp_path / 'empty'}: no images found" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("federation, message", [
+    ("num-supernode=2", "--federation-config: unknown key 'num-supernode' (did you mean 'num-supernodes'?)"),
+    ("num-supernodes=0", "--federation-config: 'num-supernodes' = 0: must be an integer >= 1"),
+    ("num-supernodes=2.5", "'num-supernodes' = 2.5: must be an integer >= 1"),
+    ("client-resources-num-cpus=0.5", "'client-resources-num-cpus' = 0.5: must be an integer >= 1"),
+    ("client-resources-num-gpus=-1", "'client-resources-num-gpus' = -1: must be a number >= 0"),
+    ("lr=0.1", "--federation-config: 'lr' is a run-config key: give it in --run-config"),
+])
+def test_a_federation_config_flower_would_refuse_or_cannot_run_is_refused(federation, message, capsys):
+    """Flower refuses an unknown key only after packing the app, and num-supernodes=0 made
+    check advise 'lower min-nodes to at most 0'."""
+    assert main(["--no-data", "--federation-config", federation]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "min-nodes" not in err
+
+
+def test_every_key_flowers_simulation_takes_is_accepted(capsys):
+    from flwr.proto.federation_config_pb2 import SimulationConfig
+
+    from fedvls_flwr.config.federation_config import SIMULATION_KEYS
+
+    assert sorted(k.replace("-", "_") for k in SIMULATION_KEYS) == sorted(
+        f.name for f in SimulationConfig.DESCRIPTOR.fields)
+    everything = ("num-supernodes=4 client-resources-num-cpus=1 client-resources-num-gpus=0.25 backend='ray' "
+                  "verbose=false init-args-num-cpus=2 init-args-num-gpus=0 init-args-logging-level='warning' "
+                  "init-args-log-to-driver=true")
+    assert main(["--no-data", "--federation-config", everything]) == 0
+    assert capsys.readouterr().out.startswith("ok:")
+
+
+@pytest.mark.parametrize("run_config, message", [
+    ("fedconcat-assignment='0,1'", "'fedconcat-assignment' = '0,1' is a setting of protocol 'fedconcat', but this run "
+                                   "has protocol = 'standard': it would be ignored. Select the part "
+                                   "(protocol='fedconcat'), or leave fedconcat-assignment out"),
+    ("fedgf-c=0.5 local-optimizer='sam'", "'fedgf-c' = 0.5 is a setting of local-optimizer 'fedgf', but this run has "
+                                          "local-optimizer = 'sam'"),
+    ("sam-rho=0.2", "'sam-rho' = 0.2 is a setting of local-optimizer 'sam' or 'fedgf'"),
+    ("fedprox-mu=0.1 method='fedavg'", "'fedprox-mu' = 0.1 is a setting of method 'fedprox'"),
+    ("local-optimizer='fedgf' fedgf-threshold=2.0", "'fedgf-threshold' = 2.0 is read only with fedgf-c-mode = "
+                                                    "'adaptive' (this run: 'fixed'): it would be ignored. Set "
+                                                    "fedgf-c-mode='adaptive', or leave fedgf-threshold out"),
+])
+def test_a_typed_setting_no_selected_part_reads_is_refused(run_config, message, capsys, monkeypatch):
+    from fedvls_flwr.deploy import cli as deploy
+
+    assert main(["--no-data", "--run-config", run_config]) == 2
+    assert message in capsys.readouterr().err
+    monkeypatch.setattr(LocalSuperLink, "start", lambda *a, **k: pytest.fail("a process was started"))
+    assert deploy.main(["local", "--insecure", "--nodes", "2", "--run-config", run_config]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_settings_of_the_selected_parts_and_presets_base_settings_pass(capsys, tmp_path):
+    for run_config in ("protocol='fedconcat' fedconcat-assignment='0,1,0,1'", "local-optimizer='fedgf' fedgf-c=0.5",
+                       "local-optimizer='sam' sam-rho=0.2", str(ROOT / "conf" / "fedvls-authors.toml")):
+        assert main(["--no-data", "--run-config", run_config]) == 0, capsys.readouterr().err
+    from fedvls_flwr.experiments.preset import load_preset
+
+    # a preset's base gives every method's settings; each run reads its own
+    (tmp_path / "p.yaml").write_text("base: {dataset: digits, fedprox-mu: 0.1, fedgf-c: 0.5}\n"
+                                     "grid: {method: [fedavg, fedprox]}\n")
+    assert len(load_preset(tmp_path / "p.yaml").runs) == 2

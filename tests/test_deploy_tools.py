@@ -191,6 +191,51 @@ def test_certificates_for_the_fence(tmp_path):
     assert "unsuitable certificate purpose" in verify.stderr
 
 
+def _openssl_verify(ca: Path, *certs: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["openssl", "verify", "-CAfile", str(ca), *map(str, certs)], capture_output=True, text=True)
+
+
+def test_certs_on_a_folder_with_a_ca_sign_with_it_and_keep_what_is_there(tmp_path, capsys):
+    """A second `deploy certs` on the same folder (a new site) must not replace the CA: every
+    certificate handed out before keeps verifying against ca.pem."""
+    out = tmp_path / "certs"
+    assert deploy.main(["certs", str(out), "--host", "127.0.0.1", "--nodes", "1"]) == 0
+    before = {name: (out / name).read_bytes() for name in ("ca.pem", "ca.key", "server.pem", "operator.pem")}
+    handed_out = tmp_path / "operator-copy.pem"
+    handed_out.write_bytes(before["operator.pem"])
+    capsys.readouterr()
+
+    assert deploy.main(["certs", str(out), "--host", "127.0.0.1", "--node", "site-3"]) == 0
+    said = capsys.readouterr().out
+    assert "already holds a CA: signing with it" in said and "SuperNode site-3" in said
+    assert {name: (out / name).read_bytes() for name in before} == before
+    assert (out / "supernode-site-3").is_file() and (out / "supernode-site-3.pub").is_file()
+    verified = _openssl_verify(out / "ca.pem", handed_out, out / "server.pem")
+    assert verified.returncode == 0, verified.stderr
+
+    # a new host: the same CA signs the server's key again, for the old and the new names
+    made = make_certificates(out, ["10.0.0.9"], operators=["alice"])
+    assert made.tls.server_key in made.kept and made.tls.server_cert not in made.kept
+    from fedvls_flwr.deploy.certs import san_hosts
+
+    assert {"10.0.0.9", "127.0.0.1", "localhost"} <= set(san_hosts(made.tls.server_cert))
+    verified = _openssl_verify(out / "ca.pem", handed_out, out / "server.pem", out / "alice.pem")
+    assert verified.returncode == 0, verified.stderr
+    assert (out / "ca.key").read_bytes() == before["ca.key"]
+
+
+@pytest.mark.parametrize("missing", ["ca.key", "ca.pem"])
+def test_certs_refuse_half_a_ca_and_write_nothing(tmp_path, capsys, missing):
+    out = tmp_path / "certs"
+    make_certificates(out, ["127.0.0.1"])
+    (out / missing).unlink()
+    files = sorted(p.name for p in out.iterdir())
+    assert deploy.main(["certs", str(out), "--host", "127.0.0.1", "--node", "site-3"]) == 2
+    err = capsys.readouterr().err
+    assert "nothing written" in err and f"but not {missing}" in err and "put" in err.lower()
+    assert sorted(p.name for p in out.iterdir()) == files
+
+
 def test_fence_routes_fleet_guards_control_and_denies_the_rest(tmp_path):
     block = server_block(listen="0.0.0.0:9093", superlink_port=9092, server_cert=tmp_path / "s.pem",
                          server_key=tmp_path / "s.key", ca_cert=tmp_path / "ca.pem")
@@ -409,3 +454,15 @@ def test_supernodes_poll_for_tasks_every_tenth_of_a_second_unless_told(tmp_path,
     assert env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] == "1.0"
     cmd, _ = link.supernode_command("c")
     assert cmd[cmd.index("--superlink") + 1] == link.address  # no fence: the SuperLink itself
+
+
+def test_deploy_local_help_says_what_nodes_are_and_a_bad_timeout_starts_nothing(capsys, monkeypatch):
+    with pytest.raises(SystemExit):
+        deploy.main(["local", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--nodes N SuperNodes to start, each training on partition i" in help_text
+    assert "stop the run after this many seconds (default: 3600)" in help_text
+    monkeypatch.setattr(LocalSuperLink, "start", lambda *a, **k: pytest.fail("a process was started"))
+    with pytest.raises(SystemExit) as exited:
+        deploy.main(["local", "--insecure", "--timeout", "-5"])
+    assert exited.value.code == 2 and "argument --timeout: -5: give a number of seconds > 0" in capsys.readouterr().err

@@ -19,7 +19,7 @@ from fedvls_flwr.algorithms.run_model import build_run_model
 from fedvls_flwr.algorithms.sgd import LocalSGD
 from fedvls_flwr.algorithms.training import ClientState, train_local
 from fedvls_flwr.config.registry import get_part, method_names, owners
-from fedvls_flwr.config.run_config import RunConfig, parse_run_config
+from fedvls_flwr.config.run_config import ConfigError, RunConfig, parse_run_config
 from fedvls_flwr.data.node_data import ClientData
 from fedvls_flwr.experiments.check import main as check_main
 
@@ -353,3 +353,17 @@ def test_settings_are_declared_once_and_validated():
 def test_check_names_a_bad_fedgf_setting(item, message, capsys):
     assert check_main(["--run-config", f"local-optimizer='fedgf' {item}", "--no-data"]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_adaptive_mode_needs_its_threshold_set(capsys):
+    """T_D has no default: one fit to one setting (1.5 on digits) is below round 1's D on another
+    (mnist10k at Dirichlet 0.05), so c jumps to 1 there and training diverges."""
+    adaptive = "local-optimizer='fedgf' fedgf-c-mode='adaptive'"
+    assert check_main(["--run-config", adaptive, "--no-data"]) == 2
+    err = capsys.readouterr().err
+    assert "'fedgf-threshold' is unset (0) but fedgf-c-mode = 'adaptive' needs T_D > 0" in err
+    assert "fedgf_divergence" in err and "fedgf-c-mode='fixed'" in err
+    with pytest.raises(ConfigError, match="fedgf-threshold"):
+        parse_run_config({"local-optimizer": "fedgf", "fedgf-c-mode": "adaptive"})  # the ServerApp's validation
+    assert check_main(["--run-config", f"{adaptive} fedgf-threshold=1.6", "--no-data"]) == 0
+    assert check_main(["--run-config", "local-optimizer='fedgf'", "--no-data"]) == 0  # fixed c needs no T_D

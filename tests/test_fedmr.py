@@ -140,3 +140,31 @@ def test_one_server_step_is_sample_weighted_fedavg():
 def test_a_negative_deco_is_refused_naming_the_key():
     with pytest.raises(ConfigError, match="fedmr-deco"):
         parse_run_config({"method": "fedmr", "fedmr-deco": -1.0})
+
+
+def _decorrelated_class(seed: int, noise: float) -> torch.Tensor:
+    """16 samples whose 15 features are the non-constant columns of a 16 x 16 Hadamard matrix
+    (mutually orthogonal once centred: G_c's off-diagonal is 0), scaled, shifted and blurred
+    by ``noise``: the features FedMR's term drives towards, where its sum is tiny."""
+    g = torch.Generator().manual_seed(seed)
+    hadamard = torch.ones(1, 1, dtype=torch.float64)
+    while hadamard.shape[0] < 16:
+        hadamard = torch.cat([torch.cat([hadamard, hadamard], 1), torch.cat([hadamard, -hadamard], 1)])
+    scale = torch.rand(15, generator=g, dtype=torch.float64) * 3 + 0.5
+    shift = torch.randn(15, generator=g, dtype=torch.float64) * 5
+    return hadamard[:, 1:] * scale + shift + noise * torch.randn(16, 15, generator=g, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_in_float32_the_term_of_nearly_decorrelated_features_is_never_negative_and_close(seed):
+    """The off-diagonal sum is taken with the diagonal masked out: as ||G||_F^2 minus the
+    squared diagonal it cancels two large numbers, and in float32 came out negative."""
+    y = torch.zeros(16, dtype=torch.long)
+    exact = _decorrelated_class(seed, 0.0)
+    assert manifold_reshaping_term(exact.float(), y, 10).item() >= 0.0
+    assert manifold_reshaping_term(exact.float(), y, 10).item() < 1e-12
+    blurred = torch.cat([_decorrelated_class(seed, 1e-3), _decorrelated_class(seed + 100, 1e-3)])
+    labels = torch.cat([y, torch.ones(16, dtype=torch.long)])
+    reference = reference_mr(blurred, labels)  # the authors' loop, float64
+    single = manifold_reshaping_term(blurred.float(), labels, 10)
+    assert single.item() == pytest.approx(reference.item(), rel=1e-4)

@@ -21,15 +21,15 @@ from tests.tiny_data import DIGITS
 def fresh_process_state(monkeypatch, tmp_path):
     """Each test starts like a fresh ClientApp process, with its own cache folder."""
     monkeypatch.setenv("FEDVLS_CACHE_DIR", str(tmp_path / "cache"))
-    N._LOADED.clear()
-    N._local_in_memory.cache_clear()
+    fresh_process()
     yield
-    N._LOADED.clear()
-    N._local_in_memory.cache_clear()
+    fresh_process()
 
 
 def fresh_process() -> None:
     N._LOADED.clear()
+    N._SAID.clear()
+    N._PREPARED.clear()
     N._local_in_memory.cache_clear()
 
 
@@ -350,3 +350,24 @@ def test_a_symlink_loop_is_refused_not_read_forty_times(tmp_path):
     (root / "2").symlink_to(root)  # a class folder that is the data folder itself
     with pytest.raises(ValueError, match=f"{root}/2 is the folder {root} again"):
         N.node_client_data(cfg_for(), folder_node(root, **{"cache-dir": str(tmp_path / "c")}))
+
+
+def test_a_process_serving_many_partitions_says_where_its_data_came_from_once(caplog):
+    """A process serving many partitions (a simulation's Ray actor, the in-process engine)
+    prepares each partition once, saying so at INFO for the first and DEBUG for the rest, and
+    hands the same data to that partition's later messages (a deployment's ClientApp, one
+    process per message, still says it every message)."""
+    cfg = cfg_for()
+    first: dict[int, object] = {}
+    with caplog.at_level(logging.DEBUG, logger="flwr"):
+        for _ in range(2):  # two rounds
+            for pid in range(4):
+                data = N.node_client_data(cfg, {"partition-id": pid, "num-partitions": 4})
+                assert first.setdefault(pid, data) is data
+    said = [r for r in caplog.records if r.getMessage().startswith("node data:")]
+    assert [r.levelno for r in said] == [logging.INFO] + [logging.DEBUG] * 3
+    fresh_process()  # the next message of a deployment: a new ClientApp process
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        N.node_client_data(cfg, {"partition-id": 0, "num-partitions": 4})
+    assert "node data: partition 0/4 of digits" in caplog.text and "from the cache" in caplog.text

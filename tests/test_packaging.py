@@ -82,3 +82,15 @@ def test_app_metadata_passes_flowers_fab_format_rules():
     meta = normalize_and_validate_fab_format(PYPROJECT)
     assert meta.fab_format_version == 1
     assert (ROOT / PYPROJECT["project"]["license"]["file"]).is_file()
+
+
+def test_fedvls_version_names_the_package_and_what_it_runs_on(capsys):
+    import platform
+
+    from fedvls_flwr import cli
+
+    declared = PYPROJECT["project"]["version"]
+    assert cli.main(["--version"]) == 0
+    said = capsys.readouterr().out.strip()
+    assert said.startswith(f"fedvls-flwr {declared} (flwr 1.41.") and f"Python {platform.python_version()})" in said
+    assert cli.main(["-V"]) == 0 and capsys.readouterr().out.strip() == said

@@ -198,10 +198,12 @@ def test_an_empty_grid_list_is_refused_naming_the_key(tmp_path, grid, dry_run, c
     assert f"grid key '{key}' is an empty list, so the preset has no runs" in captured.err
 
 
-def test_a_sweep_still_starts_runs_whose_folders_do_not_exist_yet(tmp_path, monkeypatch):
+@pytest.mark.parametrize("engine", ["flwr", "inprocess"])
+def test_a_sweep_still_starts_runs_whose_folders_do_not_exist_yet(tmp_path, monkeypatch, engine):
     """The sweep submits every run with resume=true (an interrupted run continues, a new one
     starts): refusing resume of a missing folder must not stop it before its first run."""
     from fedvls_flwr.experiments import sweep
+    from fedvls_flwr.ops.run_pool import RunPool
 
     class Started(Exception):
         pass
@@ -210,7 +212,93 @@ def test_a_sweep_still_starts_runs_whose_folders_do_not_exist_yet(tmp_path, monk
         raise Started
 
     monkeypatch.setattr(sweep.LocalSuperLink, "start", start)
+    monkeypatch.setattr(RunPool, "submit", start)
     path = tmp_path / "p.yaml"
     path.write_text("base: {dataset: digits, num-server-rounds: 2}\ngrid: {method: [fedavg, fedvls]}\n")
     with pytest.raises(Started):
-        sweep.run_preset(load_preset(path), tmp_path / "out", report=False)
+        sweep.run_preset(load_preset(path), tmp_path / "out", report=False, engine=engine)
+
+
+@pytest.mark.parametrize("text, key, lines", [
+    ("base: {dataset: digits, lr: 0.1, lr: 0.01}\ngrid: {method: [fedavg]}\n", "lr", "lines 1 and 1"),
+    ("base: {dataset: digits}\ngrid:\n  method: [fedavg, fedprox, moon]\n  method: [fedvls]\n", "method",
+     "lines 3 and 4"),
+    ("name: a\nbase: {dataset: digits}\ngrid: {method: [fedavg]}\nname: b\n", "name", "lines 1 and 4"),
+])
+def test_a_key_given_twice_in_a_preset_is_refused_naming_it_and_its_lines(tmp_path, text, key, lines, capsys):
+    """YAML keeps the last of two equal keys: a grid meant for three methods would run one."""
+    from fedvls_flwr.experiments.sweep import main
+
+    path = tmp_path / "twice.yaml"
+    path.write_text(text)
+    with pytest.raises(PresetError, match=f"key '{key}' is given twice in one mapping \\({lines}\\)"):
+        load_preset(path)
+    assert main([str(path), "--dry-run"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and f"preset {path}: key '{key}' is given twice" in captured.err
+
+
+@pytest.mark.parametrize("timeout", ["-5", "0", "inf", "soon"])
+def test_a_sweep_timeout_that_is_not_seconds_is_refused_before_anything_starts(tmp_path, timeout, capsys,
+                                                                               monkeypatch):
+    """A negative timeout started Ray and a SuperLink, then stopped every run at once."""
+    from fedvls_flwr.experiments import sweep
+
+    monkeypatch.setattr(sweep, "run_preset", lambda *a, **k: pytest.fail("the sweep started"))
+    with pytest.raises(SystemExit) as exited:
+        sweep.main([str(CONF / "mnist10k-dir0.05.yaml"), "-o", str(tmp_path / "out"), "--timeout", timeout])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --timeout: " in err and timeout in err and "seconds" in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("where", ["afile", "afile/runs"])
+def test_a_sweep_output_dir_that_is_a_file_is_refused_as_such(tmp_path, where, capsys, monkeypatch):
+    from fedvls_flwr.experiments import sweep
+
+    monkeypatch.setattr(sweep, "run_preset", lambda *a, **k: pytest.fail("the sweep started"))
+    (tmp_path / "afile").write_text("x")
+    assert sweep.main([str(CONF / "mnist10k-dir0.05.yaml"), "-o", str(tmp_path / where)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: --output-dir {tmp_path / where}: " in err and "is a file; give a folder" in err
+    assert "free space" not in err
+
+
+def test_sweep_help_gives_the_timeout_default(capsys):
+    from fedvls_flwr.experiments.sweep import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "seconds per run before it is stopped (default: 3600)" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_finished_run_differing_only_in_settings_it_does_not_read_is_the_planned_run(tmp_path):
+    """A FedGF run with a fixed c recorded fedgf-threshold = 1.5 (its default until it had none)
+    and an SGD run recorded another method's fedprox-mu: neither reads them, so neither folder
+    holds an 'other' run, and they are not run again."""
+    import json
+
+    from fedvls_flwr.config.run_config import RunConfig
+    from fedvls_flwr.experiments import sweep
+
+    out = tmp_path / "out"
+    preset_path = tmp_path / "p.yaml"
+    preset_path.write_text("base: {dataset: digits, num-server-rounds: 1}\n"
+                           "grid: {method: [fedvls], local-optimizer: [sgd, fedgf]}\nfederation: {num-supernodes: 3}\n")
+    for overrides in load_preset(preset_path).runs:
+        recorded = {**RunConfig().to_flower(), **{k: v for k, v in overrides.items() if k != "num-supernodes"},
+                    "fedgf-threshold": 1.5, "fedprox-mu": 0.5}
+        (out / overrides["run-name"]).mkdir(parents=True)
+        (out / overrides["run-name"] / "summary.json").write_text(json.dumps({"status": "completed", "config": recorded}))
+    result = sweep.run_preset(load_preset(preset_path), out, report=False)
+    assert list(result["statuses"].values()) == ["skipped (finished earlier)"] * 2
+    adaptive = tmp_path / "adaptive.yaml"
+    adaptive.write_text("base: {dataset: digits, num-server-rounds: 1, local-optimizer: fedgf, fedgf-c-mode: adaptive, "
+                        "fedgf-threshold: 1.6}\ngrid: {method: [fedvls]}\nfederation: {num-supernodes: 3}\n")
+    (run,) = load_preset(adaptive).runs
+    recorded = {**RunConfig().to_flower(), **run, "fedgf-threshold": 1.5}
+    (out / run["run-name"]).mkdir()
+    (out / run["run-name"] / "summary.json").write_text(json.dumps({"status": "completed", "config": recorded}))
+    with pytest.raises(PresetError, match="other settings than planned for it \\(fedgf-threshold\\)"):
+        sweep.run_preset(load_preset(adaptive), out, report=False)  # the adaptive mode reads it

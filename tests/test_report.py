@@ -468,3 +468,66 @@ def test_report_of_runs_still_going_or_failed_names_each_and_why(tmp_path, capsy
     err = capsys.readouterr().err
     assert f"left out {going}: no summary.json" in err and f"left out {failed}: failed" in err
     assert (tmp_path / "report" / "results.csv").is_file()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--rows", "datset"], "--rows: unknown key 'datset' (did you mean 'dataset'?); give method, label or run-config keys"),
+    (["--cols", "method,seeed"], "--cols: unknown key 'seeed' (did you mean 'seed'?)"),
+    (["--gap", "FedVLS:FedAvgg"], "--gap FedVLS:FedAvgg: the table has no column 'FedAvgg' (did you mean 'FedAvg'?); "
+                                  "its columns (method): FedAvg, FedVLS"),
+    (["--gap", "FedVLS"], "--gap 'FedVLS': expected two column labels A:B"),
+])
+def test_a_report_option_naming_no_key_or_column_is_refused_and_writes_nothing(runs_root, tmp_path, capsys, args,
+                                                                                 message):
+    """An unknown key would group every run under '-', an unknown gap label skip the gaps table."""
+    from fedvls_flwr.experiments.report import main
+
+    out = tmp_path / "report"
+    assert main([str(runs_root), "--out", str(out), *args]) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("damage", ["last line lost", "file missing"])
+def test_a_complete_run_whose_rounds_file_lost_lines_is_tabulated_and_named(tmp_path, capsys, damage):
+    """summary.json says every round was completed: the run is complete, not stopped; the
+    report says which rounds its rounds.jsonl lacks."""
+    from fedvls_flwr.experiments.report import main
+
+    run = _write_run(tmp_path / "runs" / "a", _config("fedavg", 0), 0.8, 0.7)
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, "status": "completed", "rounds_completed": 3}))
+    rounds = run / "rounds.jsonl"
+    if damage == "file missing":
+        rounds.unlink()
+    else:
+        rounds.write_text("".join(rounds.read_text().splitlines(keepends=True)[:-1]))
+    assert load_run(run).incomplete() is None
+    assert main([str(tmp_path / "runs"), "--out", str(tmp_path / "report")]) == 0
+    err = capsys.readouterr().err
+    what = "rounds.jsonl is missing" if damage == "file missing" else "rounds.jsonl ends with round 2"
+    assert f"warning: {run}: {what}, but summary.json says all 3 rounds were completed" in err
+    assert "stop" not in err and "left out" not in err
+    assert "80.00 (70.00)" in (tmp_path / "report" / "results.md").read_text()
+
+
+def test_report_help_says_which_keys_rows_and_cols_take(capsys):
+    from fedvls_flwr.experiments.report import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "keys that make the table's rows (default: dataset,partition,dirichlet-beta); comma-separated: method" in text
+    assert "or any run-config key" in text and "keys that make its columns (default: method)" in text
+
+
+def test_runs_differing_only_in_a_setting_they_do_not_read_are_not_noted_as_mixed(tmp_path: Path):
+    """FedGF runs with a fixed c recorded fedgf-threshold 1.5 (its old default) or 0 (unset):
+    neither reads it, so a cell holding both is not 'mixed'; a fixed c that differs is."""
+    fedgf = {"local-optimizer": "fedgf", "fedgf-c-mode": "fixed", "fedgf-c": 0.3}
+    _write_run(tmp_path / "a", _config("fedavg", 0, **fedgf, **{"fedgf-threshold": 1.5}), 0.8, 0.8)
+    _write_run(tmp_path / "b", _config("fedavg", 1, **fedgf, **{"fedgf-threshold": 0.0}), 0.9, 0.9)
+    assert not any("runs differ" in note for note in table(load_runs(tmp_path)).notes)
+    _write_run(tmp_path / "c", _config("fedavg", 2, **{**fedgf, "fedgf-c": 0.5}), 0.9, 0.9)
+    assert any("runs differ in: fedgf-c" in note and "fedgf-threshold" not in note
+               for note in table(load_runs(tmp_path)).notes)

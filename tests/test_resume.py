@@ -372,3 +372,50 @@ def test_resume_with_a_stateful_server_optimizer_is_bit_identical(tmp_path, name
             assert sorted(a.files) == sorted(b.files), final
             for key in a.files:
                 assert a[key].dtype == b[key].dtype and np.array_equal(a[key], b[key]), (final, key)
+
+
+def test_resuming_with_fewer_rounds_than_completed_is_refused_by_check_and_server(tmp_path, capsys):
+    """A finished 4-round run resumed with num-server-rounds = 2 would log 'resuming after round
+    4 of 2' and rewrite summary.json with 2 rounds beside rounds_completed 4."""
+    run_experiment(TrainingGrid(), RunConfig(dataset="digits", num_server_rounds=ROUNDS,
+                                             output_dir=str(tmp_path), run_name="r"))
+    summary = (tmp_path / "r" / "summary.json").read_text()
+    fewer = RunConfig(dataset="digits", num_server_rounds=2, output_dir=str(tmp_path), run_name="r", resume=True)
+    said = "has completed 4 rounds, more than num-server-rounds = 2: a run does not go back"
+    with pytest.raises(RunFolderError, match=said):
+        run_experiment(TrainingGrid(), fewer)
+    assert (tmp_path / "r" / "summary.json").read_text() == summary
+    assert check_main(["--no-data", "--run-config",
+                       f"output-dir='{tmp_path}' run-name='r' resume=true num-server-rounds=2"]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "resume with num-server-rounds > 4" in err
+    assert check_main(["--no-data", "--run-config",
+                       f"output-dir='{tmp_path}' run-name='r' resume=true num-server-rounds=6"]) == 0
+
+
+def test_the_server_log_warns_of_rounds_that_would_never_end(tmp_path, caplog):
+    """check says it, and so does the run's own log (a run submitted without check)."""
+    from fedvls_flwr.app.server import ServerRun
+
+    cfg = RunConfig(dataset="digits", num_server_rounds=1_000_000_000, output_dir=str(tmp_path), run_name="r")
+    with caplog.at_level(logging.WARNING):
+        ServerRun(TrainingGrid(), cfg)
+    assert "num-server-rounds = 1000000000 is far beyond the at most 300 rounds" in caplog.text
+    assert "samples" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        ServerRun(TrainingGrid(), cfg.replace(num_server_rounds=300, run_name="s"))
+    assert "far beyond" not in caplog.text
+
+
+@pytest.mark.parametrize("local_optimizer", ["sgd", "fedgf"])
+def test_a_setting_nothing_in_the_run_reads_does_not_stop_a_resume(tmp_path, local_optimizer):
+    """Runs recorded fedgf-threshold = 1.5, its default until it had none; neither an SGD run
+    nor a FedGF run with a fixed c reads it, so the new default must not make them 'other'."""
+    cfg = RunConfig(dataset="digits", num_server_rounds=2, output_dir=str(tmp_path), run_name="r",
+                    local_optimizer=local_optimizer)
+    run_experiment(TrainingGrid(), cfg.replace(fedgf_threshold=1.5))
+    run_dir = run_experiment(TrainingGrid(), cfg.replace(num_server_rounds=3, resume=True))
+    assert [r["round"] for r in read_rounds(run_dir)] == [0, 1, 2, 3]
+    with pytest.raises(RunFolderError, match="other settings \\(lr: 0.01 -> 0.5\\)"):  # a setting the run reads
+        run_experiment(TrainingGrid(), cfg.replace(num_server_rounds=4, resume=True, lr=0.5))

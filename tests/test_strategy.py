@@ -462,3 +462,18 @@ def test_the_start_message_says_duplicates_and_what_did_not_answer():
     assert "none said its partition id" in too_few_nodes(4, 60.0, 0, [], 60.0, simulation=False)
     sites = too_few_nodes(4, 60.0, 2, [1, 1829374651], 60.0, simulation=False)  # a node-local site's hash
     assert "partition id(s) 1, 1829374651" in sites and "the missing ones" not in sites
+
+
+def test_a_simulation_says_its_own_size_after_flowers_default_warning(tmp_path, caplog, monkeypatch):
+    """Flower 1.41 logs 'default simulated SuperNodes changed from 10 to 2' in every Ray
+    simulation, also when 10 were asked for: the ServerApp's log says the size this run has."""
+    import logging
+
+    from fedvls_flwr.app import server
+    from fedvls_flwr.config.run_config import RunConfig
+    from tests.test_resume import TrainingGrid
+
+    monkeypatch.setattr(server, "runs_on_ray", lambda grid: True)
+    with caplog.at_level(logging.INFO):
+        server.ServerRun(TrainingGrid(nodes=tuple(range(10, 20))), RunConfig(output_dir=str(tmp_path), run_name="r"))
+    assert "federation: 10 simulated SuperNodes (Flower's warning above is about its default" in caplog.text

@@ -40,6 +40,44 @@ def test_round_clock_of_a_resumed_run_counts_from_its_restart():
     assert clock.per_round() == 12.0 and clock.left(now=12.0) == 36.0
 
 
+def test_a_runs_own_estimate_waits_for_the_second_round():
+    """Round 1's time holds the clients' start-up: from it alone a one-minute run of 30 rounds
+    said ~17 minutes left. Its log shows no estimate until a second round has ended."""
+    clock = RoundClock(30)
+    clock.start(0, t=0.0)
+    clock.observe(1, t=35.0)  # 33 s of Ray and data start-up, 2 s of training
+    assert clock.left(now=35.0) == 29 * 35.0 and clock.steady_left(now=35.0) is None
+    clock.observe(2, t=37.0)
+    assert clock.steady_left(now=37.0) == pytest.approx(28 * 2.0)
+    one = RoundClock(1)
+    one.start(0, t=0.0)
+    one.observe(1, t=35.0)
+    assert one.steady_left(now=35.0) == 0.0  # the last round ended: nothing left
+
+
+def test_the_servers_round_lines_say_when_the_estimate_comes(tmp_path, caplog):
+    import logging
+
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from fedvls_flwr.app.server import run_experiment
+    from fedvls_flwr.config.run_config import RunConfig
+    from tests.test_resume import TrainingGrid
+
+    old = TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+    try:
+        with caplog.at_level(logging.INFO):
+            run_experiment(TrainingGrid(), RunConfig(dataset="digits", num_server_rounds=3, output_dir=str(tmp_path),
+                                                     run_name="r"))
+    finally:
+        TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = old
+    lines = {int(m.split("/")[0].split()[-1]): m for m in caplog.messages if m.startswith("round ") and "/3:" in m}
+    assert lines[1].endswith("time left: after round 2") and "~" not in lines[1]
+    assert lines[2].endswith(" left") and "~" in lines[2]
+    assert lines[3].endswith("~0s left")
+
+
 def test_format_duration():
     assert [format_duration(s) for s in (None, 0, 9.6, 65, 3599, 3600, 3725)] == [
         "?", "0s", "10s", "1m05s", "59m59s", "1h00m", "1h02m"]
@@ -171,3 +209,4 @@ def test_after_one_round_a_later_run_uses_the_finished_runs_seconds_per_round(tm
     second = _finished_watch(tmp_path, "b", 4, 100.0, [110.0, 140.0])  # round 1: 30 s, mostly start-up
     assert second.clock.left(now=140.0) == approx(90.0)  # the run's own slope
     assert clock.run_left(1, second, now=140.0) == approx(3 * 5.0 + 2.0)  # the finished run's 5 s per round
+

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fedvls_flwr.config.part_settings import unread_settings
 from fedvls_flwr.config.settings import ConfigError, edit_distance
 
 if TYPE_CHECKING:
@@ -306,7 +307,9 @@ def read_resume_point(run_dir: Path, config: dict[str, Any]) -> ResumePoint:
     saved, note = _saved_config(run_dir)
     if note:
         notes.append(note)
-    changed = sorted(k for k, v in config.items() if saved.get(k) != v and k not in RESUMABLE_CHANGES)
+    unread = unread_settings(config)  # settings nothing in this run reads: they cannot make it another run
+    changed = sorted(k for k, v in config.items() if saved.get(k) != v and k not in RESUMABLE_CHANGES
+                     and k not in unread)
     if changed:
         detail = ", ".join(f"{k}: {saved.get(k, '(unset)')!r} -> {config.get(k, '(unset)')!r}" for k in changed)
         raise RunFolderError(
@@ -370,6 +373,13 @@ def read_resume_point(run_dir: Path, config: dict[str, Any]) -> ResumePoint:
             + "; otherwise start a new run (another run-name)."
         )
 
+    asked = config.get("num-server-rounds")
+    if isinstance(asked, int) and done > asked:
+        raise RunFolderError(
+            f"resume: the run in {run_dir} has completed {done} rounds, more than num-server-rounds = {asked}: "
+            f"a run does not go back. To train it further, resume with num-server-rounds > {done}; for a "
+            f"{asked}-round result start a new run-name (this run's rounds 1..{asked} are in its {ROUNDS_FILE})"
+        )
     kept = [r for r in records if r["round"] <= done]
     got = [r["round"] for r in kept]
     if got != list(range(done + 1)):

@@ -50,6 +50,7 @@ from fedvls_flwr.app.time_left import RoundClock, format_duration
 from fedvls_flwr.app.tracking import check_tracking, open_tracker
 from fedvls_flwr.config.registry import combination_label
 from fedvls_flwr.config.run_config import ConfigError, RunConfig, model_name
+from fedvls_flwr.config.unmeant import rounds_warning
 from fedvls_flwr.data.datasets import DatasetBundle, DatasetNotFoundError, image_format
 from fedvls_flwr.data.node_data import dataset_for
 
@@ -129,6 +130,8 @@ class ServerRun:
         self.start_round, saved_arrays, saved_rounds = _resume_point(cfg, self.run_dir)
         self.saved_round = self.start_round
         self.bundle = server_test_set(cfg)
+        if (unmeant := rounds_warning(cfg, None if self.bundle is None else len(self.bundle.train_y))) is not None:
+            log(WARNING, "%s", unmeant)
         self.evaluation = "server" if self.bundle is not None else "federated"
         if self.bundle is not None:
             self.input_shape, self.num_classes = tuple(self.bundle.input_shape), self.bundle.num_classes
@@ -156,6 +159,9 @@ class ServerRun:
         self.label = combination_label(cfg.to_flower())
         log(INFO, "%s on %s (%s), %s evaluation, results in %s",
             self.label, cfg.dataset, model_name(cfg), self.evaluation, self.run_dir)
+        if runs_on_ray(grid):  # Flower 1.41 warns "default simulated SuperNodes changed from 10 to 2" in every one
+            log(INFO, "federation: %d simulated SuperNodes (Flower's warning above is about its default, said in "
+                "every simulation; the size is --federation-config \"num-supernodes=N\")", len(list(grid.get_node_ids())))
         self.strategy = RunStrategy(cfg)
         self.strategy.protocol.bind_model(self.model)
         self.saved_arrays = None if saved_arrays is None else self.strategy.load_server_state(saved_arrays)
@@ -251,12 +257,13 @@ class ServerRun:
         record = self.round_record(server_round, metrics, report, t_eval)
         self.save_round(server_round, record, arrays, report)
         self.clock.observe(server_round)
-        left = self.clock.left()
+        left = self.clock.steady_left()
         log(
-            INFO, "round %d/%d: accuracy %s  loss %s  train-loss %s  clients %d/%d on %s  %.2fs  ~%s left",
+            INFO, "round %d/%d: accuracy %s  loss %s  train-loss %s  clients %d/%d on %s  %.2fs  %s",
             server_round, self.cfg.num_server_rounds, _fmt(metrics["accuracy"]), _fmt(metrics["loss"]),
             f"{report.train_metrics.get('train-loss', float('nan')):.4f}",
-            report.accepted, report.sampled, _devices_text(record), record["seconds"], format_duration(left),
+            report.accepted, report.sampled, _devices_text(record), record["seconds"],
+            f"~{format_duration(left)} left" if left is not None else f"time left: after round {server_round + 1}",
         )
         emit(ROUND_END, round=server_round, accuracy=metrics["accuracy"], seconds=record["seconds"], seconds_left=left)
 

@@ -5,8 +5,9 @@ ended. Seconds per round is the wall-clock slope between the end of the first ro
 and the last one: the first round carries the clients' start-up (Ray workers, data loading,
 model building), so once two rounds have ended it no longer counts; after only one round,
 the slope from the start of the rounds to its end stands in (an overestimate by the
-start-up). Wall clock, not the record's ``seconds``: it includes checkpointing, evaluation
-and sampling - all a round costs.
+start-up, ~17 minutes for a one-minute run: :meth:`RoundClock.steady_left` gives nothing
+instead, which is what a run's log shows). Wall clock, not the record's ``seconds``: it
+includes checkpointing, evaluation and sampling - all a round costs.
 """
 
 from __future__ import annotations
@@ -60,6 +61,16 @@ class RoundClock:
             return None
         now = time.monotonic() if now is None else now
         return max(0.0, (self.total - self.last[0]) * rate - (now - self.last[1]))
+
+
+    def steady_left(self, now: float | None = None) -> float | None:
+        """:meth:`left` once two rounds have ended (0 once the last has), else None: the first
+        round's time holds the start-up, which the later rounds do not repeat."""
+        if self.last is not None and self.last[0] >= self.total:
+            return 0.0
+        if self.first is None or self.last is None or self.last[0] == self.first[0]:
+            return None
+        return self.left(now)
 
 
 def format_duration(seconds: float | None) -> str:

@@ -141,3 +141,18 @@ def parse_items(args: list[str], option: str, value: Callable[[str, str], Any]) 
         for key, raw in split_items(text, option):
             out[key] = value(key, raw)
     return out
+
+
+def seconds(text: str) -> float:
+    """An argparse type for a time limit: a finite number of seconds > 0 (a negative one would
+    let a command start Ray and a SuperLink, then stop every run at once)."""
+    import argparse
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (e.g. 3600)") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text}: give a number of seconds > 0 (e.g. 3600 for an hour)")
+    return value

@@ -147,8 +147,8 @@ class RunConfigFields:
     fedgf_c: float = 0.3
     #: FedGF: 'fixed' (c = fedgf-c) or 'adaptive' (the authors' code: from the divergence D)
     fedgf_c_mode: str = "fixed"
-    #: FedGF adaptive c: threshold T_D on D = mean_k ||w_global - w_k|| (scale depends on the run)
-    fedgf_threshold: float = 1.5
+    #: FedGF adaptive c: threshold T_D on D = mean_k ||w_global - w_k||; no default: required with fedgf-c-mode='adaptive'
+    fedgf_threshold: float = 0.0
     #: FedGF adaptive c: window W of rounds (the authors' script: 30)
     fedgf_window: int = 30
     #: FedExP epsilon in the server step size

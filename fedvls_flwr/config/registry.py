@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fedvls_flwr.config.local_optimizer_rules import fedgf_rules
 from fedvls_flwr.config.protocol_rules import fedconcat_federation_rules, fedconcat_rules
 from fedvls_flwr.config.settings import Setting, at_least, between, greater
 
@@ -78,8 +79,9 @@ FEDGF_C_MODE = Setting(
     choices=("fixed", "adaptive"), label={"adaptive": "(adaptive c)"},
 )
 FEDGF_THRESHOLD = Setting(
-    "fedgf-threshold", 1.5, "FedGF adaptive c: threshold T_D on D = mean_k ||w_global - w_k|| (scale depends on the run)",
-    **at_least(0),
+    "fedgf-threshold", 0.0,
+    "FedGF adaptive c: threshold T_D on D = mean_k ||w_global - w_k||; no default: required with fedgf-c-mode='adaptive'",
+    **at_least(0, "0 = unset"),
 )
 FEDGF_WINDOW = Setting("fedgf-window", 30, "FedGF adaptive c: window W of rounds (the authors' script: 30)",
                        **at_least(1))
@@ -289,7 +291,7 @@ LOCAL_OPTIMIZERS: tuple[Part, ...] = (
     Part("sam", "FedSAM", f"{_LOCAL}:SAMStep", (SAM_RHO,)),
     Part("fedgf", "FedGF", "fedvls_flwr.algorithms.fedgf:FedGFStep",
          (SAM_RHO, FEDGF_RHO_G, FEDGF_C, FEDGF_C_MODE, FEDGF_THRESHOLD, FEDGF_WINDOW),
-         server="fedvls_flwr.algorithms.fedgf:FedGFServer",
+         server="fedvls_flwr.algorithms.fedgf:FedGFServer", rules=fedgf_rules,
          sends="from round 2: the perturbed global model w_g (a second copy of the weights) and the coefficient c"),
 )
 

@@ -101,6 +101,16 @@ class ClientData:
 # the run's dataset (server) and the partition form (unchanged API)
 
 _LOADED: set[tuple[str, str]] = set()  # datasets loaded into memory in this process
+_SAID: list[bool] = []  # whether this process has said where its node data came from
+
+
+def _say(message: str, *args: object) -> None:
+    """The first node data of a process at INFO, the rest at DEBUG: a deployment's ClientApp
+    prepares one node's data per process (one line per message), but a simulation's Ray actor
+    serves many partitions in every round, and a line per client and round (which Ray then
+    folds into "[repeated 114x across cluster]") says nothing new."""
+    logger.log(logging.DEBUG if _SAID else logging.INFO, message, *args)
+    _SAID.append(True)
 
 
 def dataset_for(cfg: RunConfig) -> DatasetBundle:
@@ -339,7 +349,7 @@ def _prepare(spec: NodeSpec, cfg: RunConfig) -> ClientData:
         path = _cache_path(spec.cache_dir, identity, key)
         cached = _read_cache(path, key)
         if cached is not None:
-            logger.info(
+            _say(
                 "node data: %s - %d samples, %d held out, from the cache %s in %.2fs",
                 cached.source, cached.num_examples, 0 if cached.test_y is None else int(cached.test_y.shape[0]),
                 path, time.perf_counter() - t0,
@@ -359,7 +369,7 @@ def _prepare(spec: NodeSpec, cfg: RunConfig) -> ClientData:
         path = _cache_path(spec.cache_dir, identity, key)
         _write_cache(path, key, data)
         written = f", cached at {path}"
-    logger.info(
+    _say(
         "node data: %s - %d samples, %d held out, prepared in %.2fs%s",
         data.source, data.num_examples, 0 if data.test_y is None else int(data.test_y.shape[0]),
         time.perf_counter() - t0, written,

@@ -32,12 +32,15 @@ from pathlib import Path
 
 from click import ClickException
 
+from fedvls_flwr.config.args import seconds
+from fedvls_flwr.config.part_settings import check_given_settings_apply
+from fedvls_flwr.config.run_config import parse_run_config
 from fedvls_flwr.data.node_config import check_distinct_sites, check_node_folders, parse_node_config
 from fedvls_flwr.deploy.breakdown import BreakdownInputError, breakdown, print_breakdown
-from fedvls_flwr.deploy.certs import make_certificates, missing_loopback_names
+from fedvls_flwr.deploy.certs import CertificateError, make_certificates, missing_loopback_names, san_hosts
 from fedvls_flwr.deploy.fence import FenceError, require_nginx, serve_operator_link, server_block
 from fedvls_flwr.deploy.local import Terminated, evaluation_warning, node_configs, parse_config_string, report, run_local
-from fedvls_flwr.experiments.check import check_run_config
+from fedvls_flwr.experiments.check import check_run_config, project_defaults
 from fedvls_flwr.ops.flower_cli import TlsFiles
 from fedvls_flwr.ops.launch import PROJECT_DIR
 from fedvls_flwr.ops.processes import parse_port_range
@@ -62,7 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--days", type=int, default=365, help="validity of the certificates")
 
     loc = sub.add_parser("local", help="SuperLink + N SuperNodes on 127.0.0.1, one streamed run, then stop all")
-    loc.add_argument("--nodes", type=int, default=2)
+    loc.add_argument("--nodes", type=int, default=2, metavar="N",
+                     help="SuperNodes to start, each training on partition i of num-partitions = N of the run's "
+                          "dataset (default: %(default)s; --node-data sets it to the number of folders)")
     loc.add_argument("--insecure", action="store_true",
                      help="no TLS, no SuperNode authentication, no fence (explicit opt-out)")
     loc.add_argument("--tls", action="store_true", help="TLS with generated certificates (the default)")
@@ -86,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a SuperNode's raw --node-config (repeat once per node; overrides the above)")
     loc.add_argument("--workdir", type=Path, help="certificates, Flower homes and logs (default: a new temp folder)")
     loc.add_argument("--app", type=Path, default=PROJECT_DIR, help="the Flower app folder (default: this project)")
-    loc.add_argument("--timeout", type=float, default=3600.0, help="stop the run after this many seconds")
+    loc.add_argument("--timeout", type=seconds, default=3600.0, metavar="SECONDS",
+                     help="stop the run after this many seconds (default: %(default)g)")
     loc.add_argument("--debug-logs", action="store_true",
                      help="FLWR_LOG_LEVEL=DEBUG everywhere (timestamped logs, for `breakdown`)")
 
@@ -135,16 +141,34 @@ def _breakdown(args: argparse.Namespace) -> int:
 
 def _certs(args: argparse.Namespace) -> int:
     names = [*args.node, *(f"node-{i}" for i in range(args.nodes))]
-    made = make_certificates(args.out_dir, args.host, names, days=args.days, operators=args.operator or None)
-    print(f"CA certificate:      {made.tls.ca_cert}   (copy to every SuperNode and user machine)")
-    print(f"CA key:              {made.ca_key}   (keep offline; only needed to sign more certificates)")
+    try:
+        made = make_certificates(args.out_dir, args.host, names, days=args.days, operators=args.operator or None)
+    except CertificateError as err:
+        print(f"[deploy] certs: nothing written: {err}", file=sys.stderr)
+        return 2
+
+    def state(*paths: Path) -> str:
+        return "kept" if all(p in made.kept for p in paths) else "new"
+
+    if made.ca_key in made.kept:
+        print(f"[deploy] certs: {args.out_dir} already holds a CA: signing with it (every certificate it "
+              "signed before stays valid); files already there are kept")
+    print(f"CA certificate:      {made.tls.ca_cert}   ({state(made.tls.ca_cert)}; copy to every SuperNode and "
+          "user machine)")
+    print(f"CA key:              {made.ca_key}   ({state(made.ca_key)}; keep offline; needed to sign more "
+          "certificates: run this command on this folder again)")
+    server = state(made.tls.server_cert)
+    if server == "new" and made.tls.server_key in made.kept:
+        server = "signed again by the same CA for the key already there; restart the SuperLink with it"
     print(f"SuperLink cert/key:  {made.tls.server_cert} {made.tls.server_key}   "
-          f"(SAN: {', '.join(dict.fromkeys([*args.host, '127.0.0.1', 'localhost']))})")
+          f"({server}; SAN: {', '.join(san_hosts(made.tls.server_cert))})")
     for name in args.operator or ["operator"]:
-        print(f"Operator {name}: {args.out_dir / (name + '.pem')} {args.out_dir / (name + '.key')} "
-              "(client certificate for the Control API behind the fence; to the operator only)")
+        pem, key = args.out_dir / (name + ".pem"), args.out_dir / (name + ".key")
+        print(f"Operator {name}: {pem} {key} ({state(pem, key)}; client certificate for the Control API behind "
+              "the fence; to the operator only)")
     for name, (private, public) in made.supernode_keys.items():
-        print(f"SuperNode {name}: private {private} (to that SuperNode only), public {public} (flwr supernode register)")
+        print(f"SuperNode {name}: private {private} (to that SuperNode only), public {public} "
+              f"(flwr supernode register) ({state(private, public)})")
     return 0
 
 
@@ -208,6 +232,7 @@ def _local(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         # the launcher waits for all its nodes unless told otherwise (run_local's min-nodes)
         check_run_config({"min-nodes": len(configs), **run_config}, num_supernodes=len(configs), data=False,
                          app_dir=args.app)
+        check_given_settings_apply(run_config, parse_run_config({**project_defaults(args.app), **run_config}).to_flower())
         specs = [parse_node_config(config) for config in configs]
         check_distinct_sites(specs)
         check_node_folders(specs)

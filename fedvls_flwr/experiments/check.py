@@ -36,8 +36,11 @@ from fedvls_flwr.algorithms.sampling import clients_per_round
 from fedvls_flwr.app.ray_address import check_cluster_settings
 from fedvls_flwr.app.tracking import check_tracking
 from fedvls_flwr.config.args import parse_run_config_args
+from fedvls_flwr.config.federation_config import check_federation_config
+from fedvls_flwr.config.part_settings import check_given_settings_apply
 from fedvls_flwr.config.registry import run_parts
 from fedvls_flwr.config.run_config import ConfigError, RunConfig, model_name, parse_run_config
+from fedvls_flwr.config.unmeant import rounds_warning
 
 if TYPE_CHECKING:
     from fedvls_flwr.data.bundle import DatasetBundle
@@ -128,8 +131,6 @@ def check_model(cfg: RunConfig, bundle: DatasetBundle | None, warn: list[str]) -
     return smallest is not None
 
 
-#: More rounds than this gets a warning: the presets here run at most 300.
-MAX_SANE_ROUNDS = 10_000
 #: A federation size to judge fraction-train by when check is not told one (the largest here).
 TYPICAL_MAX_NODES = 100
 
@@ -153,15 +154,8 @@ def check_federation(cfg: RunConfig, num_supernodes: int) -> None:
 def warnings_for(cfg: RunConfig, num_supernodes: int | None, pool_size: int | None) -> list[str]:
     """What is allowed but almost surely not meant: a run that would not end, rounds of one client."""
     said = []
-    if cfg.num_server_rounds > MAX_SANE_ROUNDS:
-        work = ""
-        if pool_size:
-            share = cfg.fraction_train * pool_size * cfg.local_epochs
-            work = (f"; every round trains about {share:.3g} samples ({cfg.fraction_train:g} x {pool_size} "
-                    f"x {cfg.local_epochs} local epochs), {share * cfg.num_server_rounds:.3g} in all")
-        said.append(f"warning: num-server-rounds = {cfg.num_server_rounds} is far beyond the at most 300 "
-                    f"rounds of the presets here{work}: this run would not end in any useful time; "
-                    "set the number of rounds you mean")
+    if (rounds := rounds_warning(cfg, pool_size)) is not None:
+        said.append(f"warning: {rounds}")
     nodes = num_supernodes or TYPICAL_MAX_NODES
     if clients_per_round(cfg.fraction_train, nodes) < 2 and nodes >= 2:
         federation = (f"of {nodes} nodes" if num_supernodes else f"on any federation up to {nodes} nodes")
@@ -173,9 +167,12 @@ def warnings_for(cfg: RunConfig, num_supernodes: int | None, pool_size: int | No
 
 def check_run_config(
     overrides: dict[str, Any], num_supernodes: int | None = None, data: bool = True, app_dir: Path = PROJECT_DIR,
-    this_machine: bool = False, warn: list[str] | None = None,
+    this_machine: bool = False, warn: list[str] | None = None, typed: bool = False,
 ) -> RunConfig:
     """The validated config, or an exception whose message says what is wrong.
+
+    ``typed``: ``overrides`` are what a user typed (not a preset's run), so each must be read
+    by a part the run selects (:func:`~fedvls_flwr.config.part_settings.check_given_settings_apply`).
 
     Raises ConfigError (a key), DatasetNotFoundError (the data), PartitionError /
     NodeDataError (the partition for ``num_supernodes`` nodes), and with ``this_machine``
@@ -183,6 +180,8 @@ def check_run_config(
     ``warn`` (a list) receives what is allowed but looks unmeant (:func:`warnings_for`).
     """
     cfg = parse_run_config({**project_defaults(app_dir), **overrides})
+    if typed:
+        check_given_settings_apply(overrides, cfg.to_flower())
     if num_supernodes is not None:
         check_federation(cfg, num_supernodes)
     if this_machine:
@@ -236,13 +235,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         overrides = parse_run_config_args(args.run_config)
         federation = parse_run_config_args(args.federation_config, "--federation-config")
+        check_federation_config(federation, RunConfig().to_flower())
         num_supernodes = args.num_supernodes
         if num_supernodes is None and federation.get("num-supernodes") is not None:
             num_supernodes = int(federation["num-supernodes"])
         if not args.for_other_machine and (problems := check_cluster_settings(federation)):
             raise ConfigError("; ".join(problems))  # before the data is loaded: a run would not start
         cfg = check_run_config(overrides, num_supernodes, data=not args.no_data,
-                               this_machine=not args.for_other_machine, warn=warnings)
+                               this_machine=not args.for_other_machine, warn=warnings, typed=True)
     except (ValueError, FileNotFoundError) as err:
         # ConfigError (syntax, keys), RunFolderError, PartitionError, NodeDataError, DatasetNotFoundError
         print(f"error: {err}", file=sys.stderr)

@@ -91,6 +91,27 @@ def run_name(overrides: dict[str, Any], varying: tuple[str, ...] = ()) -> str:
     return "-".join(str(p).replace("/", "_") for p in parts)
 
 
+class _DuplicateKey(yaml.YAMLError):
+    pass
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader, but a key given twice in one mapping is an error: YAML keeps the
+    last silently, so a grid meant for three methods would run one."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise _DuplicateKey(f"key {key!r} is given twice in one mapping (lines {seen[key]} and {line}); "
+                                    "YAML would keep only the last. Give it once (several values of a grid "
+                                    f"key are one list: {key}: [a, b, c])")
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def _mapping(path: Path, what: str, value: Any) -> dict[str, Any]:
     if value is None:
         return {}
@@ -141,9 +162,11 @@ def _table_keys(path: Path, table: dict[str, Any]) -> tuple[tuple[str, ...], tup
 def load_preset(path: Path | str, *, sets: dict[str, Any] | None = None, seeds: list[int] | None = None) -> Preset:
     path = Path(path)
     try:
-        spec = yaml.safe_load(path.read_text())
+        spec = yaml.load(path.read_text(), Loader=_StrictLoader)  # noqa: S506 - a SafeLoader
     except FileNotFoundError:
         raise PresetError(f"preset {path} does not exist; presets live in {PROJECT_DIR / 'conf'}") from None
+    except _DuplicateKey as err:
+        raise PresetError(f"preset {path}: {err}") from None
     except yaml.YAMLError as err:
         raise PresetError(f"preset {path} is not valid YAML: {err}") from None
     if not isinstance(spec, dict):

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from fedvls_flwr.config.run_config import RunConfig, did_you_mean
 from fedvls_flwr.experiments.diagnostics_table import write_diagnostics
 from fedvls_flwr.experiments.plots import (
     _client_matrix,
@@ -33,6 +34,7 @@ from fedvls_flwr.experiments.plots import (
     plot_partition,
     plot_per_class,
 )
+from fedvls_flwr.experiments.preset import TABLE_EXTRA_VALUES
 from fedvls_flwr.experiments.runs import (
     NoRunsError,
     RunRecord,
@@ -45,12 +47,42 @@ from fedvls_flwr.experiments.runs import (
     method_label,
 )
 from fedvls_flwr.experiments.stages_table import write_stages
-from fedvls_flwr.experiments.tables import paired_gaps, table, write_gaps, write_table
+from fedvls_flwr.experiments.tables import ReportTable, paired_gaps, table, write_gaps, write_table
 
 __all__ = [
     "make_report", "main", "load_run", "load_runs", "method_label", "table", "write_table",
     "plot_accuracy", "plot_partition", "plot_per_class",
 ]
+
+class ReportInputError(ValueError):
+    """A report option that cannot be what the user meant (an unknown key or column); nothing
+    is written."""
+
+
+def table_keys(option: str, text: str) -> tuple[str, ...]:
+    """The comma-separated keys of ``--rows``/``--cols``: ``method``, ``label`` or run-config
+    keys (as a preset's ``table``); an unknown one would group every run under '-'."""
+    allowed = list(dict.fromkeys([*TABLE_EXTRA_VALUES, *RunConfig().to_flower()]))
+    keys = tuple(k.strip() for k in text.split(",") if k.strip())
+    for key in keys:
+        if key not in allowed:
+            raise ReportInputError(f"{option}: unknown key {key!r}{did_you_mean(key, allowed)}; give method, "
+                                   f"label or run-config keys: {', '.join(allowed[len(TABLE_EXTRA_VALUES):])}")
+    return keys
+
+
+def check_gaps(report_table: ReportTable, gaps: Sequence[tuple[str, ...]]) -> None:
+    """Every ``--gap A:B`` names two columns the table has (labels as the table shows them)."""
+    labels = [", ".join(_fmt_value(v) for v in col if v is not None) for col in report_table.col_values]
+    for gap in gaps:
+        if len(gap) != 2 or not all(gap):
+            raise ReportInputError(f"--gap {':'.join(gap)!r}: expected two column labels A:B, e.g. 'FedVLS:FedAvg'")
+        for label in gap:
+            if label not in labels:
+                raise ReportInputError(
+                    f"--gap {':'.join(gap)}: the table has no column {label!r}{did_you_mean(label, labels)}; its "
+                    f"columns ({', '.join(report_table.col_keys)}): {', '.join(labels) or 'none'}")
+
 
 # ---------------------------------------------------------------------------------------
 # everything at once
@@ -76,6 +108,7 @@ def make_report(
     include_incomplete: bool = False,
     gaps: Sequence[tuple[str, str]] = (),
     left_out: list[str] | None = None,
+    notes: list[str] | None = None,
 ) -> dict[str, Path]:
     """Load every finished run under root; write the table and every plot with data
     (failed or stopped runs out of the table's means unless ``include_incomplete``).
@@ -84,10 +117,12 @@ def make_report(
     partition ...): ``accuracy-<row>.png`` and ``per-class-<row>.png``; one
     ``partition-<row>-s<seed>.png`` per distinct recorded partition; diagnostics.md and
     stages.md (/.csv) where runs recorded them. Returns name -> path;
-    ``left_out`` (a list) receives the run folders not tabulated, each with why.
+    ``left_out`` (a list) receives the run folders not tabulated, each with why; ``notes``
+    the tabulated runs whose rounds.jsonl lacks rounds their summary.json says completed.
 
     Raises :class:`NoRunsError` (nothing written) when a root does not exist, no run folder
-    is found, or no run completed (unless ``include_incomplete``).
+    is found, or no run completed (unless ``include_incomplete``), and
+    :class:`ReportInputError` (nothing written) for a ``gaps`` label the table has no column for.
     """
     runs, skipped = find_runs(root)
     where = root if isinstance(root, (str, Path)) else ", ".join(map(str, root))
@@ -109,6 +144,9 @@ def make_report(
     out_dir = Path(out_dir)
     written: dict[str, Path] = {}
     report_table = table(runs, rows=rows, cols=cols, include_incomplete=include_incomplete)
+    check_gaps(report_table, gaps)
+    if notes is not None:
+        notes.extend(f"{r.path}: {why}" for r in runs if (why := r.rounds_lost()) is not None)
     written["table_md"], written["table_csv"] = write_table(report_table, out_dir)
     if (diag := write_diagnostics(report_table, runs, out_dir)) is not None:
         written["diagnostics_md"], written["diagnostics_csv"] = diag
@@ -153,8 +191,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fedvls report", description="Tables and plots from fedvls-flwr run folders.")
     parser.add_argument("root", nargs="+", help="run folder(s) or folder(s) holding run folders")
     parser.add_argument("--out", default=None, help="output folder (default: ROOT/report)")
-    parser.add_argument("--rows", default="dataset,partition,dirichlet-beta", help="config keys for rows")
-    parser.add_argument("--cols", default="method", help="config keys for columns")
+    keys = ("comma-separated: method (the method's label, variants apart), label (the same), or any "
+            "run-config key, e.g. dataset, dirichlet-beta, seed, lr (fedvls check --help; docs/configuration.md)")
+    parser.add_argument("--rows", default="dataset,partition,dirichlet-beta",
+                        help=f"keys that make the table's rows (default: %(default)s); {keys}")
+    parser.add_argument("--cols", default="method", help=f"keys that make its columns (default: %(default)s); {keys}")
     parser.add_argument("--gap", action="append", default=[], metavar="A:B",
                         help="also tabulate column A minus column B, seed by seed (labels as in the table, "
                              "e.g. 'FedVLS:FedAvg'); plotted against the last row key when it is numeric")
@@ -163,18 +204,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     root = args.root[0] if len(args.root) == 1 else args.root
     left_out: list[str] = []
+    notes: list[str] = []
     try:
         written = make_report(
-            root, args.out,
-            rows=tuple(k for k in args.rows.split(",") if k), cols=tuple(k for k in args.cols.split(",") if k),
+            root, args.out, rows=table_keys("--rows", args.rows), cols=table_keys("--cols", args.cols),
             include_incomplete=args.include_incomplete,
-            gaps=[tuple(g.split(":", 1)) for g in args.gap], left_out=left_out,
+            gaps=[tuple(g.split(":", 1)) for g in args.gap], left_out=left_out, notes=notes,
         )
-    except NoRunsError as err:
+    except (NoRunsError, ReportInputError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     for line in left_out:
         print(f"left out {line}", file=sys.stderr)
+    for line in notes:
+        print(f"warning: {line}", file=sys.stderr)
     for name, path in written.items():
         print(f"{name}: {path}")
     return 0

@@ -49,6 +49,7 @@ class RunRecord:
     summary: dict[str, Any]
     rounds: list[dict[str, Any]]
     clients: dict[str, Any] | None = None
+    rounds_file_found: bool = True
 
     @property
     def method(self) -> str | None:
@@ -95,17 +96,37 @@ class RunRecord:
             value = _num(max(trained, key=_round_of)["accuracy"])
         return value * self.scale
 
+    def _last_recorded(self) -> int:
+        return max((_round_of(r) for r in self.rounds if _round_of(r) >= 1), default=0)
+
+    def _completed(self) -> int | None:
+        """The rounds summary.json says were completed (None when it does not say)."""
+        done = self.summary.get("rounds_completed")
+        return done if isinstance(done, int) and not isinstance(done, bool) else None
+
     def incomplete(self) -> str | None:
         """Why the run is not a complete run ("failed in round 3", "stopped after round 7 of
-        50"), or None for a run that completed every round it was asked for."""
-        trained = [_round_of(r) for r in self.rounds if _round_of(r) >= 1]
-        last = max(trained, default=0)
+        50"), or None for a run that completed every round it was asked for. summary.json's
+        count of completed rounds counts: a rounds.jsonl that lost lines is not a stop."""
+        last = max(self._last_recorded(), self._completed() or 0)
         asked = self.config.get("num-server-rounds")
         if self.summary.get("status") == "failed":
             return f"failed in round {last + 1}"
         if isinstance(asked, int) and last < asked:
             return f"stopped after round {last} of {asked}"
         return None
+
+    def rounds_lost(self) -> str | None:
+        """What rounds.jsonl lacks of the rounds summary.json says were completed, or None."""
+        done, last = self._completed(), self._last_recorded()
+        if done is None or last >= done:
+            return None
+        what = (f"{ROUNDS_FILE} is missing" if not self.rounds_file_found else
+                f"{ROUNDS_FILE} ends with round {last}" if last else f"{ROUNDS_FILE} holds no trained round")
+        lacking = f"round {done}" if last + 1 == done else f"rounds {last + 1}-{done}"
+        return (f"{what}, but summary.json says all {done} rounds were completed (a partial copy of the "
+                "folder?): tabulated from summary.json's best and final accuracy; the accuracy curve and the "
+                f"per-round tables lack {lacking}. Restore {ROUNDS_FILE} from a copy of the run folder to have them")
 
     def dropped_share(self) -> float:
         """Mean over rounds of the share of client updates that were not used (the client
@@ -171,7 +192,8 @@ def load_run(run_dir: str | Path) -> RunRecord:
     config: dict[str, Any] = dict(saved_config) if isinstance(saved_config, dict) else {}
     rounds: list[dict[str, Any]] = []
     rounds_path = run_dir / ROUNDS_FILE
-    if rounds_path.is_file():
+    rounds_file_found = rounds_path.is_file()
+    if rounds_file_found:
         for line in rounds_path.read_text().splitlines():
             if not line.strip():
                 continue
@@ -191,7 +213,8 @@ def load_run(run_dir: str | Path) -> RunRecord:
             clients = None
     if config.get("train-pool-size") == 0 and isinstance(summary.get("num_train_pool"), int):
         config["train-pool-size"] = summary["num_train_pool"]  # 0 = the whole pool: say how large it was
-    return RunRecord(path=run_dir, config=config, summary=summary, rounds=rounds, clients=clients)
+    return RunRecord(path=run_dir, config=config, summary=summary, rounds=rounds, clients=clients,
+                     rounds_file_found=rounds_file_found)
 
 
 class NoRunsError(ValueError):

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import errno
 import json
 import os
 import sys
@@ -38,7 +39,8 @@ import yaml
 
 from fedvls_flwr.app.ray_address import check_ray_address, ray_address
 from fedvls_flwr.app.results import SUMMARY_FILE, atomic_write_json
-from fedvls_flwr.config.args import parse_items
+from fedvls_flwr.config.args import parse_items, seconds
+from fedvls_flwr.config.part_settings import unread_settings
 from fedvls_flwr.config.run_config import ConfigError, RunConfig, parse_run_config
 from fedvls_flwr.experiments.preset import (
     FEDERATION_KEYS,
@@ -76,10 +78,16 @@ def experiment_identity(run_config: dict[str, Any], num_supernodes: Any) -> dict
 
 
 def _with_defaults(settings: dict[str, Any]) -> dict[str, Any]:
-    """A run's settings with every key it does not record at its default: a run folder that
-    lacks a key (written by a release that did not know it) ran with that key's default."""
+    """A run's settings with every key it does not record at its default (a run folder that
+    lacks a key ran with that key's default), less the settings nothing in the run reads
+    (another part's, or FedGF's threshold with a fixed c): they do not change what it computes."""
     defaults = {k: v for k, v in RunConfig().to_flower().items() if k not in NON_IDENTITY_KEYS}
-    return {**defaults, **{k: v for k, v in settings.items() if k not in NON_IDENTITY_KEYS}}
+    full = {**defaults, **{k: v for k, v in settings.items() if k not in NON_IDENTITY_KEYS}}
+    try:
+        unread = unread_settings({**RunConfig().to_flower(), **full})
+    except ValueError:  # a part this version does not know: compare everything
+        unread = {}
+    return {k: v for k, v in full.items() if k not in unread}
 
 
 def _identity_key(identity: dict[str, Any]) -> str:
@@ -279,6 +287,17 @@ def _run_in_process(todo: list, planned: list, output_dir: Path, statuses: dict[
             progress.close()
 
 
+def output_dir_problem(output_dir: Path) -> str | None:
+    """Why a sweep cannot write its runs into ``output_dir`` (said before anything starts), or None."""
+    existing = output_dir.expanduser()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing.is_dir():
+        return None
+    where = "is a file" if existing == output_dir.expanduser() else f"cannot be created: {existing} is a file"
+    return f"{where}; give a folder: a new one, or the one that holds this preset's runs"
+
+
 def select_runs(preset: Preset, only: dict[str, Any]) -> Preset:
     """The preset restricted to runs whose settings match every ``only`` item."""
     if not only:
@@ -309,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-dir", "-o", help="where runs and the report go (default: ~/fedvls-runs/<preset name>)")
     parser.add_argument("--seeds", help="comma-separated seeds, replacing the preset's")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a run-config key in every run")
-    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per run before it is stopped")
+    parser.add_argument("--timeout", type=seconds, default=3600.0, metavar="SECONDS",
+                        help="seconds per run before it is stopped (default: %(default)g)")
     parser.add_argument("--only", action="append", default=[], metavar="KEY=VALUE",
                         help="run only the preset's runs with this setting (repeatable: all must match)")
     parser.add_argument("--dry-run", action="store_true", help="list the runs and exit")
@@ -352,6 +372,9 @@ def main(argv: list[str] | None = None) -> int:
         for overrides in preset.runs:
             print(overrides["run-name"], json.dumps(overrides))
         return 0
+    if problem := output_dir_problem(output_dir):
+        print(f"error: --output-dir {output_dir}: {problem}", file=sys.stderr)
+        return 2
     try:
         result = run_preset(preset, output_dir, timeout=args.timeout, port_range=port_range,
                             view=ProgressView.for_terminal(every=args.progress_every), shared_ray=not args.no_shared_ray,
@@ -360,8 +383,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except OSError as err:  # e.g. a full disk: the path is in the message; finished runs are kept
-        print(f"error: {err}. Runs that finished are kept; free space (or choose another --output-dir "
-              "after moving the folder) and run the same command again to continue.", file=sys.stderr)
+        fix = ("free space (or choose another --output-dir after moving the folder)" if err.errno in
+               (errno.ENOSPC, errno.EDQUOT) else "fix that")
+        print(f"error: {err}. Runs that finished are kept; {fix} and run the same command again to continue.",
+              file=sys.stderr)
         return 2
     failed = [name for name, status in result["statuses"].items() if "failed" in status or "timeout" in status]
     return 1 if failed else 0

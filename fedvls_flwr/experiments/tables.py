@@ -14,7 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from fedvls_flwr.config.part_settings import unread_settings
 from fedvls_flwr.config.registry import method_settings, run_parts
+from fedvls_flwr.config.run_config import RunConfig
 from fedvls_flwr.experiments.runs import (
     IGNORED_KEYS,
     RunRecord,
@@ -111,10 +113,20 @@ def _parts_of(config: dict[str, Any]) -> list:
         return []
 
 
+def _unread(config: dict[str, Any]) -> set[str]:
+    """The settings of ``config`` nothing in its run read (FedGF's threshold with a fixed c)."""
+    try:
+        return set(unread_settings({**RunConfig().to_flower(), **config}))
+    except (ValueError, KeyError):  # a part or value this version does not know
+        return set()
+
+
 def _mixed_settings(runs: list[RunRecord], skip: set[str]) -> list[str]:
     """Config keys whose values differ among these runs (that matter to their method)."""
     keys = set().union(*(r.config.keys() for r in runs)) - IGNORED_KEYS - skip
     relevant = {s.key for r in runs for part in _parts_of(r.config) for s in part.settings}
+    unread = [_unread(r.config) for r in runs]
+    relevant -= set(unread[0]).intersection(*unread[1:]) if unread else set()
     every_method_key = {s.key for s in method_settings()}
     mixed = []
     for key in sorted(keys):
