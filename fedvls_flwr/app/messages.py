@@ -60,8 +60,35 @@ def exchange(grid: Grid, messages: list[Message], timeout: float, interval: floa
     return replies
 
 
+#: The npy format's magic string, and the header fields :func:`array_values` reads.
+_NPY_MAGIC = b"\x93NUMPY"
+_DESCR = re.compile(rb"'descr':\s*'([^']+)'")
+_SHAPE = re.compile(rb"'shape':\s*\(([^)]*)\)")
+
+
+def array_values(arr: Array) -> np.ndarray:
+    """An ``Array``'s values, equal to ``Array.numpy()`` (a writable copy), read from its npy
+    bytes with one copy and no ``np.load``: numpy's header parser costs about a third of a
+    millisecond per array, and a round reads every array of every reply. Anything but a
+    C-ordered npy payload goes through ``Array.numpy()``."""
+    data = arr.data
+    if arr.stype == "numpy.ndarray" and data[:6] == _NPY_MAGIC and data[6] in (1, 2, 3):
+        size = 2 if data[6] == 1 else 4
+        start = 8 + size
+        end = start + int.from_bytes(data[8:start], "little")
+        header = data[start:end]
+        descr, shape = _DESCR.search(header), _SHAPE.search(header)
+        if descr is not None and shape is not None and b"'fortran_order': False" in header:
+            dtype = np.dtype(descr.group(1).decode())
+            dims = tuple(int(d) for d in shape.group(1).decode().replace(" ", "").split(",") if d)
+            count = int(np.prod(dims, dtype=np.int64))
+            if not dtype.hasobject and len(data) - end == count * dtype.itemsize:
+                return np.frombuffer(data, dtype=dtype, count=count, offset=end).reshape(dims).copy()
+    return arr.numpy()
+
+
 def to_numpy_dict(record: ArrayRecord) -> dict[str, np.ndarray]:
-    return {key: arr.numpy() for key, arr in record.items()}
+    return {key: array_values(arr) for key, arr in record.items()}
 
 
 def to_array_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
