@@ -1,4 +1,4 @@
-"""The GPU path end to end, in real Flower runs, with one summary.
+"""The GPU path end to end, in real Flower runs and on the in-process engine, with one summary.
 
     python bench/gpu_check.py            # on a machine with CUDA (bench/gpu_check.sh runs it)
     python bench/gpu_check.py --cpu      # the same plumbing on the CPU, small, to check the script
@@ -6,37 +6,44 @@
 On generated data read through the project's real loaders (no download):
 
 * MobileNetV2 on CIFAR-10-format data (5 x 1,000 training images, augmentation on), 4
-  simulated clients, FedAvg and FedVLS, ``--rounds`` rounds each;
+  simulated clients in Flower's Ray simulation (``flwr run``; one Ray head for both runs),
+  FedAvg and FedVLS, ``--rounds`` rounds each: each client asks Ray for a quarter of the GPU
+  (``client-resources-num-gpus = 0.25``), so four train at once on one GPU;
 * the FedLC paper's CNN on Fashion-MNIST-format IDX files (12,000 training images), 4
-  simulated clients, FedAvg and FedVLS, and the same work in the plain PyTorch loop
+  simulated clients on the in-process engine (``fedvls run``: the apps in one process, on
+  the GPU), FedAvg and FedVLS, and the same work in the plain PyTorch loop
   (``bench/reference_loop.py``) on the same GPU: the FedVLS / FedAvg round ratio of the app
-  next to the plain loop's (the plain loop covers the pre-normalised datasets only, so
-  MobileNetV2 on CIFAR has no plain-loop figure);
+  next to the plain loop's, and the in-process round against the plain loop's;
 * a real deployment: SuperLink and 2 SuperNodes on 127.0.0.1 (``fedvls deploy local``),
   2 rounds of the CNN with ``device = "cuda"``.
 
-Each simulated client asks Ray for a quarter of the GPU (``client-resources-num-gpus =
-0.25``), so four train at once on one GPU. Every run must have every reply accepted and
-every client on CUDA (the device each reply names); the summary gives the steady seconds
-per round (median of rounds 2..R), training images per second, the largest peak GPU memory
-a client reported, and the ratios.
+Every run must have every reply accepted and every client on CUDA (the device each reply
+names); the summary gives the steady seconds per round (median of rounds 2..R), training
+images per second, the largest peak GPU memory a client reported, and the ratios.
+``--budget`` seconds (default 230: one GPU lease of 4 minutes with room for the unit tests)
+bound the whole script: a step that would start after the budget is said as skipped, never
+cut off half-way.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fedvls_flwr.app.results import read_rounds  # noqa: E402
+from fedvls_flwr.ops.flower_cli import flower_env  # noqa: E402
 from fedvls_flwr.ops.launch import LocalSuperLink  # noqa: E402
+from fedvls_flwr.ops.ray_cluster import RayHead  # noqa: E402
 from tests.tiny_data import MD5_ENV, SITECUSTOMIZE, write_idx_dataset, write_tiny_cifar10  # noqa: E402
 
 
@@ -57,6 +64,17 @@ def run_workload(link, name, run_config, federation, out, timeout, want_cuda) ->
     if not outcome.completed:
         return {"name": name, "status": outcome.status, "ok": False, "log": outcome.log[-2000:]}
     return summarize_rounds(name, outcome.status, read_rounds(out / run_config["run-name"])[1:], want_cuda)
+
+
+def in_process(name: str, run_config: dict, out: Path, want_cuda: bool) -> dict:
+    """The same apps on the in-process engine (``fedvls run``), 4 nodes, in this process."""
+    from fedvls_flwr.ops.inprocess import run_in_process
+
+    try:
+        run_in_process(run_config, 4, client_cpus=1)
+    except Exception as err:  # noqa: BLE001 - reported in the summary
+        return {"name": name, "status": f"failed: {err}", "ok": False}
+    return summarize_rounds(name, "completed", read_rounds(out / run_config["run-name"])[1:], want_cuda)
 
 
 def plain_loop(settings: dict, rounds: int) -> float:
@@ -82,14 +100,30 @@ def deployment_round(run_config: dict, work: Path, timeout: float, want_cuda: bo
                             read_rounds(run_dir)[1:], want_cuda)
 
 
+class Budget:
+    """Seconds left of ``--budget``: a step starts only with time for it."""
+
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds
+
+    def allows(self, step: str, needs: float) -> bool:
+        left = self.end - time.monotonic()
+        if left >= needs:
+            return True
+        print(json.dumps({"skipped": step, "seconds_left": round(left), "needs": needs}), flush=True)
+        return False
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cpu", action="store_true", help="no GPU: small sizes, to check the script itself")
-    ap.add_argument("--timeout", type=float, default=1800.0)
+    ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--budget", type=float, default=230.0, help="seconds for the whole script (default: %(default)g)")
     ap.add_argument("--keep", action="store_true", help="keep the generated data and run folders")
     ap.add_argument("--skip-deployment", action="store_true")
     args = ap.parse_args()
+    budget = Budget(args.budget)
     import torch
 
     if not args.cpu and not torch.cuda.is_available():
@@ -111,34 +145,45 @@ def main() -> int:
     base = {"data-dir": str(data), "output-dir": str(out), "num-server-rounds": args.rounds, "local-epochs": 1,
             "partition": "dirichlet", "dirichlet-beta": 0.5, "device": "cpu" if args.cpu else "cuda",
             "amp": not args.cpu, "min-nodes": 4}
-    workloads = [
-        ("mobilenetv2 / cifar10-format", {"dataset": "cifar10", "model": "mobilenetv2", "augment": True}, 5 * per_batch),
-        ("cnn / fmnist-format", {"dataset": "fmnist", "model": "cnn"}, n_fmnist),
-    ]
     results = []
-    with LocalSuperLink(work / "flwr-home", env_extra=env) as link:
-        for label, settings, images in workloads:
+    mobilenet = {"dataset": "cifar10", "model": "mobilenetv2", "augment": True}
+    home = work / "flwr-home"
+    if budget.allows("Ray simulations (MobileNetV2)", 60):
+        with RayHead(env={**flower_env(home), **env}) as head, \
+                LocalSuperLink(home, env_extra={**env, "RAY_ADDRESS": head.address}) as link:
             for method in ("fedavg", "fedvls"):
-                name = f"{settings['model']}-{method}"
-                res = run_workload(link, f"{label}, {method}", {**base, **settings, "method": method, "run-name": name},
+                if not budget.allows(f"Ray simulation, mobilenetv2, {method}", 30):
+                    continue
+                res = run_workload(link, f"mobilenetv2 / cifar10-format, {method} (Ray simulation)",
+                                   {**base, **mobilenet, "method": method, "run-name": f"mobilenetv2-{method}"},
                                    federation, out, args.timeout, want_cuda)
-                res["images_per_s"] = images / res["steady_round_s"] if "steady_round_s" in res else None
+                res["images_per_s"] = 5 * per_batch / res["steady_round_s"] if "steady_round_s" in res else None
                 results.append(res)
                 print(json.dumps(res), flush=True)
-    plain = {}
     cnn = {k: v for k, v in base.items() if k not in ("output-dir", "min-nodes")} | {"dataset": "fmnist", "model": "cnn"}
+    os.environ.update(env)  # the in-process engine reads the generated data in this process
     for method in ("fedavg", "fedvls"):
-        plain[method] = plain_loop({**cnn, "method": method, "amp": False}, args.rounds)
-        print(json.dumps({"plain loop, cnn / fmnist-format": method, "steady_round_s": plain[method]}), flush=True)
-    if not args.skip_deployment:
+        if not budget.allows(f"in-process, cnn, {method}", 15):
+            continue
+        res = in_process(f"cnn / fmnist-format, {method} (in-process engine)",
+                         {**cnn, "method": method, "output-dir": str(out), "run-name": f"cnn-{method}"}, out, want_cuda)
+        res["images_per_s"] = n_fmnist / res["steady_round_s"] if "steady_round_s" in res else None
+        results.append(res)
+        print(json.dumps(res), flush=True)
+    plain = {}
+    for method in ("fedavg", "fedvls"):
+        if budget.allows(f"plain loop, cnn, {method}", 10):
+            plain[method] = plain_loop({**cnn, "method": method, "amp": False}, args.rounds)
+            print(json.dumps({"plain loop, cnn / fmnist-format": method, "steady_round_s": plain[method]}), flush=True)
+    if not args.skip_deployment and budget.allows("deployment, 2 SuperNodes", 60):
         deployed = deployment_round({**cnn, "method": "fedvls", "num-server-rounds": 2, "min-nodes": 2,
                                      "output-dir": str(out), "run-name": "deployment"}, work, args.timeout, want_cuda)
         results.append(deployed)
         print(json.dumps(deployed), flush=True)
 
     device = "CPU (--cpu)" if args.cpu else torch.cuda.get_device_name(0)
-    print(f"\nGPU check on {device}: {args.rounds} rounds, 4 simulated clients at "
-          f"{federation['client-resources-num-gpus']} GPU each, 1 local epoch\n")
+    print(f"\nGPU check on {device}: {args.rounds} rounds, 4 simulated clients (Ray: "
+          f"{federation['client-resources-num-gpus']} GPU each), 1 local epoch\n")
     print("| workload | status | steady s/round | training img/s | peak GPU MiB (a client) | clients on | ok | FedVLS / FedAvg |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for i, res in enumerate(results):
@@ -152,13 +197,18 @@ def main() -> int:
                   f"| {', '.join(res['devices'])} | {res['ok']} | {ratio} |")
         else:
             print(f"| {res['name']} | {res['status']} | - | - | - | - | False | |")
-    print(f"| plain PyTorch loop, cnn / fmnist-format, same device | - | FedAvg {plain['fedavg']:.2f}, "
-          f"FedVLS {plain['fedvls']:.2f} | - | - | {device} | - | {plain['fedvls'] / plain['fedavg']:.2f}x |")
+    if len(plain) == 2:
+        print(f"| plain PyTorch loop, cnn / fmnist-format, same device | - | FedAvg {plain['fedavg']:.2f}, "
+              f"FedVLS {plain['fedvls']:.2f} | - | - | {device} | - | {plain['fedvls'] / plain['fedavg']:.2f}x |")
+        engine = {r["name"].split(", ")[1].split(" ")[0]: r["steady_round_s"] for r in results
+                  if "in-process" in r["name"] and "steady_round_s" in r}
+        for method, seconds in engine.items():
+            print(f"\nin-process engine / plain loop, cnn, {method}: {seconds / plain[method]:.2f}x")
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     else:
         print(f"\nkept: {work}")
-    return 0 if all(r.get("ok") for r in results) else 1
+    return 0 if results and all(r.get("ok") for r in results) else 1
 
 
 if __name__ == "__main__":
