@@ -46,7 +46,8 @@ federation:
 
 def run_sweep(preset: Path, out: Path, shared: bool) -> tuple[float, str]:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    cmd = [sys.executable, "-m", "fedvls_flwr", "sweep", str(preset), "-o", str(out), "--progress-every", "0"]
+    cmd = [sys.executable, "-m", "fedvls_flwr", "sweep", str(preset), "-o", str(out), "--progress-every", "0",
+           "--engine", "flwr"]
     if not shared:
         cmd.append("--no-shared-ray")
     t0 = time.perf_counter()

@@ -109,6 +109,14 @@ def test_run_watch_follows_rounds_jsonl_and_ignores_a_file_older_than_the_run(tm
     assert watch.poll(30.0) and watch.clock.last == (2, 25.0)
 
 
+def test_run_watch_counts_rounds_that_ended_before_its_first_look(tmp_path):
+    """A run faster than the sweep's polling (the in-process engine: a digits round in a tenth
+    of a second) writes its last round before the first look: its progress still shows."""
+    watch = RunWatch(tmp_path, 2, t_submit=0.0, wall=lambda: WALL)  # nothing on disk at submission
+    _write_rounds(tmp_path, 2, accuracy=0.5, ago=0.0)
+    assert watch.poll(1.0) and watch.clock.round == 2 and watch.accuracy == 0.5
+
+
 def _finished_watch(tmp_path, name, total, t_submit, round_ends):
     """A RunWatch of a ``total``-round run that saw round i end at round_ends[i] (round 0: written)."""
     run_dir = tmp_path / name

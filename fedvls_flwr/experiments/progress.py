@@ -59,6 +59,21 @@ class RunWatch:
         self.started = False
         self.accuracy: float | None = None
         self.first_round_end: float | None = None
+        self.at_submit = self._last_round()  # a resumed run's last saved round; None for a new run
+
+    def _last_round(self) -> int | None:
+        try:
+            lines = self.path.read_text().splitlines()
+        except OSError:
+            return None
+        for line in reversed(lines):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and isinstance(record.get("round"), int):
+                return int(record["round"])
+        return None
 
     def poll(self, now: float) -> bool:
         """Read rounds.jsonl; True when a round ended since the last poll. A file not written
@@ -85,10 +100,13 @@ class RunWatch:
         if last is None:
             return False
         seen = last["round"]
-        if not self.started:  # round 0 of a fresh run, or the last saved round of a resumed one
+        if not self.started:
             self.started = True
-            self.clock.start(seen, ended)
-            return False
+            first = self.at_submit if self.at_submit is not None else 0
+            if seen <= first:  # round 0 of a fresh run, or the last saved round of a resumed one
+                self.clock.start(seen, ended)
+                return False
+            self.clock.start(first, self.t_submit)  # rounds ended before the first look (a fast run)
         before = self.clock.round
         self.clock.observe(seen, ended)
         if self.clock.round == before:

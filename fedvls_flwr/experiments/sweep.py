@@ -251,9 +251,10 @@ def _run_in_process(todo: list, planned: list, output_dir: Path, statuses: dict[
     log = view.message
     threads = max(1, (os.cpu_count() or 1) // parallel)
     log(f"[sweep] in-process engine: {parallel} worker(s), {threads} thread(s) each (--engine flwr: flwr run)")
-    jobs = []
+    jobs, started = [], {}
     for run_config, federation, identity in todo:
-        name = _record_start(output_dir, run_config, federation, identity)
+        name = run_config["run-name"]
+        started[name] = (run_config, federation, identity)
         jobs.append(Job(name, run_config, int(federation.get("num-supernodes", 10)),
                         float(federation.get("client-resources-num-cpus", 2.0)), output_dir / name / RUN_LOG, timeout))
     index = {job.key: i for i, job in enumerate(jobs)}
@@ -264,6 +265,7 @@ def _run_in_process(todo: list, planned: list, output_dir: Path, statuses: dict[
             while pending or pool.free < parallel:
                 while pending and pool.free > 0:
                     job = pending.pop(0)
+                    _record_start(output_dir, *started[job.key])  # the folder appears when its run starts
                     log(f"[sweep] ({index[job.key] + 1}/{len(jobs)}) {job.key} ...")
                     if progress is not None:
                         progress.start(index[job.key], job.log.parent)
@@ -274,6 +276,7 @@ def _run_in_process(todo: list, planned: list, output_dir: Path, statuses: dict[
                     done += 1
                     statuses[outcome.key] = outcome.status
                     if progress is not None:
+                        progress.poll()  # the rounds that ended since the last look
                         progress.finish(planned[index[outcome.key]][1], outcome.status)
                     if outcome.status == "completed" and (output_dir / outcome.key / SUMMARY_FILE).exists():
                         _said_done(output_dir, outcome.key, outcome.seconds, log)
