@@ -31,6 +31,7 @@ OBJ = ("tests/test_objectives.py",)
 BASELINES = ("tests/test_objectives.py", "tests/test_baselines.py")  # FedProx and MOON act beyond the logits
 AGG = ("tests/test_aggregation.py", "tests/test_strategy.py")
 PART = ("tests/test_partition.py",)
+PART_PROPS = ("tests/test_properties_partition.py",)
 STRAT = ("tests/test_strategy.py",)
 RESUME = ("tests/test_resume.py", "tests/test_server_optim.py")
 FENCE = ("tests/test_deploy_tools.py",)
@@ -97,6 +98,14 @@ MUTATIONS: list[Mutation] = [
              "fedvls_flwr/data/partition.py", "if smallest >= min_size:", "if smallest >= 0:", PART),
     Mutation("shards-unsorted", "partitioning", "shards are cut from unsorted labels (no label skew)",
              "fedvls_flwr/data/partition.py", 'order = np.argsort(y, kind="stable")', "order = np.arange(y.size)", PART),
+    Mutation("shards-unstable-sort", "partitioning",
+             "shards are cut from an unstable label sort (within a class, the pool order is not kept)",
+             "fedvls_flwr/data/partition.py", 'order = np.argsort(y, kind="stable")',
+             'order = np.argsort(y, kind="quicksort")', PART_PROPS),
+    Mutation("labeldir-wide-draw", "partitioning",
+             "noniid-labeldir draws holder sizes up to n_c for every dataset, not n_c / k beyond 10 classes",
+             "fedvls_flwr/data/partition.py", "int(idx.size if num_classes <= 10 else per)", "int(idx.size)",
+             PART_PROPS),
     # ---- sampling
     Mutation("sample-same-every-round", "sampling", "every round samples the same clients",
              "fedvls_flwr/app/strategy.py",
