@@ -33,6 +33,7 @@ AGG = ("tests/test_aggregation.py", "tests/test_strategy.py")
 PART = ("tests/test_partition.py",)
 PART_PROPS = ("tests/test_properties_partition.py",)
 STRAT = ("tests/test_strategy.py",)
+SAMPLE = ("tests/test_properties_sampling.py",)
 RESUME = ("tests/test_resume.py", "tests/test_server_optim.py")
 FENCE = ("tests/test_deploy_tools.py",)
 CONCAT = ("tests/test_fedconcat.py",)
@@ -108,16 +109,24 @@ MUTATIONS: list[Mutation] = [
              PART_PROPS),
     # ---- sampling
     Mutation("sample-same-every-round", "sampling", "every round samples the same clients",
-             "fedvls_flwr/app/strategy.py",
-             "rng = random.Random(self.cfg.seed * 1_000_003 + server_round)",
-             "rng = random.Random(self.cfg.seed * 1_000_003)", STRAT),
+             "fedvls_flwr/algorithms/sampling.py",
+             "rng = random.Random(seed * 1_000_003 + server_round)", "rng = random.Random(seed * 1_000_003)",
+             (*SAMPLE, *STRAT)),
     Mutation("sample-one-too-few", "sampling", "a round samples one client fewer than fraction-train says",
-             "fedvls_flwr/app/federation.py",
+             "fedvls_flwr/algorithms/sampling.py",
              "return max(1, int(nodes * fraction_train + 1e-9))", "return max(1, int(nodes * fraction_train + 1e-9) - 1)",
-             STRAT),
+             (*SAMPLE, *STRAT)),
     Mutation("sample-by-node-id", "sampling", "clients drawn in Flower's random node-id order, not by partition",
-             "fedvls_flwr/app/strategy.py",
-             "key=lambda n: (n not in self.partitions, self.partitions.get(n, 0), n)", "key=lambda n: n", STRAT),
+             "fedvls_flwr/algorithms/sampling.py",
+             "key=lambda n: (n not in partitions, partitions.get(n, 0), n)", "key=lambda n: n", (*SAMPLE, *STRAT)),
+    Mutation("sample-float-floor", "sampling",
+             "clients per round floors n * fraction-train in floating point (0.29 * 100 clients -> 28)",
+             "fedvls_flwr/algorithms/sampling.py",
+             "return max(1, int(nodes * fraction_train + 1e-9))", "return max(1, int(nodes * fraction_train))",
+             SAMPLE),
+    Mutation("sample-seed-ignored", "sampling", "the client sample depends on the round only, not on the run's seed",
+             "fedvls_flwr/algorithms/sampling.py",
+             "rng = random.Random(seed * 1_000_003 + server_round)", "rng = random.Random(server_round)", SAMPLE),
     # ---- round rules
     Mutation("min-fit-fraction-ignored", "round rules", "a round is accepted whatever min-fit-fraction says",
              "fedvls_flwr/app/strategy.py",
