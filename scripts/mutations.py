@@ -30,6 +30,7 @@ class Mutation:
 OBJ = ("tests/test_objectives.py",)
 BASELINES = ("tests/test_objectives.py", "tests/test_baselines.py")  # FedProx and MOON act beyond the logits
 AGG = ("tests/test_aggregation.py", "tests/test_strategy.py")
+AGG_PROPS = ("tests/test_properties_aggregation.py",)
 PART = ("tests/test_partition.py",)
 PART_PROPS = ("tests/test_properties_partition.py",)
 STRAT = ("tests/test_strategy.py",)
@@ -79,6 +80,13 @@ MUTATIONS: list[Mutation] = [
              "fedvls_flwr/algorithms/server_optim.py",
              'return [k for k, v in arrays.items() if v.dtype.kind == "f"]', "return list(arrays)",
              ("tests/test_server_optim.py", "tests/test_batchnorm.py")),
+    Mutation("integer-rounding-signed-only", "aggregation",
+             "only signed integer buffers are rounded; unsigned and boolean ones are truncated by the cast",
+             "fedvls_flwr/algorithms/aggregation.py", 'if ref.dtype.kind in "iub":', 'if ref.dtype.kind == "i":',
+             AGG_PROPS),
+    Mutation("average-in-array-dtype", "aggregation",
+             "each weighted term is computed in the array's dtype (float32), not float64",
+             "fedvls_flwr/algorithms/aggregation.py", "r.arrays[key].astype(np.float64)", "r.arrays[key]", AGG_PROPS),
     # ---- reply checks
     Mutation("nan-accepted", "reply checks", "a reply with NaN weights is averaged in",
              "fedvls_flwr/algorithms/aggregation.py",
@@ -92,6 +100,14 @@ MUTATIONS: list[Mutation] = [
     Mutation("dtype-unchecked", "reply checks", "a reply with another dtype is not refused",
              "fedvls_flwr/algorithms/aggregation.py",
              "if arr.dtype != ref.dtype:", "if arr.dtype != ref.dtype and False:", AGG),
+    Mutation("nan-checked-in-float32-only", "reply checks", "NaN and inf are looked for in float32 arrays only",
+             "fedvls_flwr/algorithms/aggregation.py",
+             'if arr.dtype.kind in "fc" and not np.isfinite(arr).all():',
+             "if arr.dtype == np.float32 and not np.isfinite(arr).all():", AGG_PROPS),
+    Mutation("infinite-count-accepted", "reply checks", "a reply claiming infinitely many examples is accepted",
+             "fedvls_flwr/algorithms/aggregation.py",
+             "if not (np.isfinite(reply.num_examples) and reply.num_examples > 0):",
+             "if not reply.num_examples > 0:", AGG_PROPS),
     # ---- partitioning
     Mutation("dirichlet-no-cap", "partitioning", "Dirichlet keeps giving to clients at N/num-clients (NIID-Bench cap)",
              "fedvls_flwr/data/partition.py", "p = p * (sizes < cap)", "p = p * (sizes < np.inf)", PART),
