@@ -35,6 +35,7 @@ PART = ("tests/test_partition.py",)
 PART_PROPS = ("tests/test_properties_partition.py",)
 STRAT = ("tests/test_strategy.py",)
 SAMPLE = ("tests/test_properties_sampling.py",)
+PRESET_PROPS = ("tests/test_properties_presets.py",)
 RESUME = ("tests/test_resume.py", "tests/test_server_optim.py")
 FENCE = ("tests/test_deploy_tools.py",)
 CONCAT = ("tests/test_fedconcat.py",)
@@ -123,6 +124,21 @@ MUTATIONS: list[Mutation] = [
              "noniid-labeldir draws holder sizes up to n_c for every dataset, not n_c / k beyond 10 classes",
              "fedvls_flwr/data/partition.py", "int(idx.size if num_classes <= 10 else per)", "int(idx.size)",
              PART_PROPS),
+    # ---- presets
+    Mutation("preset-seeds-first-grid", "presets", "--seeds replaces the seeds of the first grid of a grid list only",
+             "fedvls_flwr/experiments/preset.py", "        if seeds is not None:\n",
+             "        if seeds is not None and grid is grids[0]:\n", PRESET_PROPS),
+    Mutation("preset-variants-null", "presets", "'variants:' left empty (null or []) gives no runs or an error",
+             "fedvls_flwr/experiments/preset.py", 'variants = spec.get("variants") or [{}]',
+             'variants = spec.get("variants", [{}])', PRESET_PROPS),
+    Mutation("preset-grid-empty-list", "presets", "'grid: []' gives a preset without runs instead of the base run",
+             "fedvls_flwr/experiments/preset.py", 'grids = spec.get("grid") or {}', 'grids = spec.get("grid", {})',
+             PRESET_PROPS),
+    Mutation("preset-set-under-grid", "presets", "--set no longer overrides the grid's and the variants' values",
+             "fedvls_flwr/experiments/preset.py", "overrides = {**base, **combo, **variant, **(sets or {})}",
+             "overrides = {**base, **(sets or {}), **combo, **variant}", PRESET_PROPS),
+    Mutation("only-ignores-defaults", "presets", "--only KEY=VALUE never matches a run that leaves KEY at its default",
+             "fedvls_flwr/experiments/sweep.py", "r.get(k, defaults.get(k)) == v", "r.get(k) == v", PRESET_PROPS),
     # ---- sampling
     Mutation("sample-same-every-round", "sampling", "every round samples the same clients",
              "fedvls_flwr/algorithms/sampling.py",
