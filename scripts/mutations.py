@@ -36,6 +36,7 @@ PART_PROPS = ("tests/test_properties_partition.py",)
 STRAT = ("tests/test_strategy.py",)
 SAMPLE = ("tests/test_properties_sampling.py",)
 PRESET_PROPS = ("tests/test_properties_presets.py",)
+TABLE_PROPS = ("tests/test_properties_tables.py",)
 RESUME = ("tests/test_resume.py", "tests/test_server_optim.py")
 FENCE = ("tests/test_deploy_tools.py",)
 CONCAT = ("tests/test_fedconcat.py",)
@@ -139,6 +140,26 @@ MUTATIONS: list[Mutation] = [
              "overrides = {**base, **(sets or {}), **combo, **variant}", PRESET_PROPS),
     Mutation("only-ignores-defaults", "presets", "--only KEY=VALUE never matches a run that leaves KEY at its default",
              "fedvls_flwr/experiments/sweep.py", "r.get(k, defaults.get(k)) == v", "r.get(k) == v", PRESET_PROPS),
+    # ---- report tables and the run summary
+    Mutation("gap-paired-by-position", "report tables",
+             "a paired gap subtracts the two columns' runs in folder order, not seed by seed",
+             "fedvls_flwr/experiments/tables.py",
+             "values = [a.best_values[a.seeds.index(s)] - b_by_seed[str(s)] for s in seeds]",
+             "values = [x - y for x, y in zip(a.best_values, b.best_values)]", TABLE_PROPS),
+    Mutation("table-best-counts-round-0", "report tables",
+             "a run without best/final in its summary counts the initial model (round 0) as a trained round",
+             "fedvls_flwr/experiments/runs.py", "if _round_of(r) >= 1 and math.isfinite(_num(r.get(\"accuracy\")))",
+             "if _round_of(r) >= 0 and math.isfinite(_num(r.get(\"accuracy\")))", TABLE_PROPS),
+    Mutation("table-100-percent-read-as-percent", "report tables",
+             "a run whose best accuracy is exactly 1.0 is read as already in percent (shown as 1%)",
+             "fedvls_flwr/experiments/runs.py", "max(finite) > 1.0 + 1e-9", "max(finite) >= 1.0", TABLE_PROPS),
+    Mutation("summary-best-counts-round-0", "report tables", "summary.json's best accuracy counts round 0 (the initial model)",
+             "fedvls_flwr/app/results.py",
+             'trained = [r for r in rounds if r.get("round", 0) >= 1 and r.get("accuracy") is not None]',
+             'trained = [r for r in rounds if r.get("round", 0) >= 0 and r.get("accuracy") is not None]', TABLE_PROPS),
+    Mutation("replies-per-node-unsorted", "report tables",
+             "the summary's replies per machine are listed in first-seen order, not most first",
+             "fedvls_flwr/app/results.py", "return dict(total.most_common())", "return dict(total)", TABLE_PROPS),
     # ---- sampling
     Mutation("sample-same-every-round", "sampling", "every round samples the same clients",
              "fedvls_flwr/algorithms/sampling.py",
