@@ -40,6 +40,7 @@ TABLE_PROPS = ("tests/test_properties_tables.py",)
 RESUME = ("tests/test_resume.py", "tests/test_server_optim.py")
 FENCE = ("tests/test_deploy_tools.py",)
 CONCAT = ("tests/test_fedconcat.py",)
+CONCAT_PROPS = ("tests/test_properties_fedconcat.py",)
 GF = ("tests/test_fedgf.py",)
 
 MUTATIONS: list[Mutation] = [
@@ -240,6 +241,14 @@ MUTATIONS: list[Mutation] = [
              "fedvls_flwr/algorithms/fedconcat.py",
              "self._has_encoders |= {int(r.client) for r in replies if int(r.client) in self._sending_encoders}",
              "pass", CONCAT),
+    Mutation("fedconcat-split-floored", "new methods",
+             "FedConcat's 1 : 20 split floors R / 21 instead of rounding it (one encoder round short at some R)",
+             "fedvls_flwr/algorithms/fedconcat.py", "max(1, round(num_rounds / 21))", "max(1, num_rounds // 21)",
+             CONCAT_PROPS),
+    Mutation("fedconcat-setting-one-ignored", "new methods",
+             "fedconcat-encoder-rounds = 1 falls back to the 1 : 20 split", "fedvls_flwr/algorithms/fedconcat.py",
+             "    if setting > 0:\n        return setting\n", "    if setting > 1:\n        return setting\n",
+             CONCAT_PROPS),
     Mutation("fedgf-mix-flipped", "new methods", "FedGF mixes with 1 - c where c belongs",
              "fedvls_flwr/algorithms/fedgf.py", "torch._foreach_mul_(everything, 1.0 - self.c)",
              "torch._foreach_mul_(everything, self.c)", GF),
