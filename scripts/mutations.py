@@ -37,6 +37,7 @@ STRAT = ("tests/test_strategy.py",)
 SAMPLE = ("tests/test_properties_sampling.py",)
 PRESET_PROPS = ("tests/test_properties_presets.py",)
 TABLE_PROPS = ("tests/test_properties_tables.py",)
+INVARIANTS = ("tests/test_invariants_training.py",)
 RESUME = ("tests/test_resume.py", "tests/test_server_optim.py")
 FENCE = ("tests/test_deploy_tools.py",)
 CONCAT = ("tests/test_fedconcat.py",)
@@ -286,6 +287,25 @@ MUTATIONS: list[Mutation] = [
     Mutation("split-counts-shifted", "site shares", "the server's rebuilt split names each partition's counts one id off",
              "fedvls_flwr/data/node_data.py", "for pid, idx in enumerate(parts)}", "for pid, idx in enumerate(parts, 1)}",
              ("tests/test_site_shares.py",)),
+    # ---- evaluation and the client's randomness
+    Mutation("evaluation-augments", "evaluation", "the evaluation transform augments the test images (train mode)",
+             "fedvls_flwr/algorithms/training.py", "transform = make_batch_transform(mean, std, train=False, augment=False)",
+             "transform = make_batch_transform(mean, std, train=True, augment=True)", INVARIANTS),
+    Mutation("evaluation-in-train-mode", "evaluation", "evaluation leaves the model in train mode (BatchNorm batch statistics)",
+             "fedvls_flwr/algorithms/training.py", "    model.to(device).eval()\n", "    model.to(device)\n", INVARIANTS),
+    Mutation("client-seed-without-round", "randomness", "the client's batch order and augmentation ignore the round",
+             "fedvls_flwr/app/client.py", "np.random.SeedSequence([cfg.seed, server_round, partition_id])",
+             "np.random.SeedSequence([cfg.seed, partition_id])", INVARIANTS),
+    Mutation("client-seed-without-partition", "randomness", "every partition draws the same batch order and augmentation",
+             "fedvls_flwr/app/client.py", "np.random.SeedSequence([cfg.seed, server_round, partition_id])",
+             "np.random.SeedSequence([cfg.seed, server_round])", INVARIANTS),
+    Mutation("client-seed-without-seed", "randomness", "the client's batch order and augmentation ignore the run's seed",
+             "fedvls_flwr/app/client.py", "np.random.SeedSequence([cfg.seed, server_round, partition_id])",
+             "np.random.SeedSequence([server_round, partition_id])", INVARIANTS),
+    Mutation("augmentation-unseeded", "randomness", "the augmentation draws from torch's global generator, not the round's",
+             "fedvls_flwr/algorithms/training.py",
+             "transform = make_batch_transform(data.mean, data.std, train=True, augment=cfg.augment, generator=generator)",
+             "transform = make_batch_transform(data.mean, data.std, train=True, augment=cfg.augment)", INVARIANTS),
     # ---- devices
     Mutation("auto-never-cuda", "devices", "device='auto' never picks CUDA",
              "fedvls_flwr/algorithms/training.py",
