@@ -30,11 +30,18 @@ class Mutation:
 OBJ = ("tests/test_objectives.py",)
 BASELINES = ("tests/test_objectives.py", "tests/test_baselines.py")  # FedProx and MOON act beyond the logits
 AGG = ("tests/test_aggregation.py", "tests/test_strategy.py")
+AGG_PROPS = ("tests/test_properties_aggregation.py",)
 PART = ("tests/test_partition.py",)
+PART_PROPS = ("tests/test_properties_partition.py",)
 STRAT = ("tests/test_strategy.py",)
+SAMPLE = ("tests/test_properties_sampling.py",)
+PRESET_PROPS = ("tests/test_properties_presets.py",)
+TABLE_PROPS = ("tests/test_properties_tables.py",)
+INVARIANTS = ("tests/test_invariants_training.py",)
 RESUME = ("tests/test_resume.py", "tests/test_server_optim.py")
 FENCE = ("tests/test_deploy_tools.py",)
 CONCAT = ("tests/test_fedconcat.py",)
+CONCAT_PROPS = ("tests/test_properties_fedconcat.py",)
 GF = ("tests/test_fedgf.py",)
 
 MUTATIONS: list[Mutation] = [
@@ -77,6 +84,13 @@ MUTATIONS: list[Mutation] = [
              "fedvls_flwr/algorithms/server_optim.py",
              'return [k for k, v in arrays.items() if v.dtype.kind == "f"]', "return list(arrays)",
              ("tests/test_server_optim.py", "tests/test_batchnorm.py")),
+    Mutation("integer-rounding-signed-only", "aggregation",
+             "only signed integer buffers are rounded; unsigned and boolean ones are truncated by the cast",
+             "fedvls_flwr/algorithms/aggregation.py", 'if ref.dtype.kind in "iub":', 'if ref.dtype.kind == "i":',
+             AGG_PROPS),
+    Mutation("average-in-array-dtype", "aggregation",
+             "each weighted term is computed in the array's dtype (float32), not float64",
+             "fedvls_flwr/algorithms/aggregation.py", "r.arrays[key].astype(np.float64)", "r.arrays[key]", AGG_PROPS),
     # ---- reply checks
     Mutation("nan-accepted", "reply checks", "a reply with NaN weights is averaged in",
              "fedvls_flwr/algorithms/aggregation.py",
@@ -90,6 +104,14 @@ MUTATIONS: list[Mutation] = [
     Mutation("dtype-unchecked", "reply checks", "a reply with another dtype is not refused",
              "fedvls_flwr/algorithms/aggregation.py",
              "if arr.dtype != ref.dtype:", "if arr.dtype != ref.dtype and False:", AGG),
+    Mutation("nan-checked-in-float32-only", "reply checks", "NaN and inf are looked for in float32 arrays only",
+             "fedvls_flwr/algorithms/aggregation.py",
+             'if arr.dtype.kind in "fc" and not np.isfinite(arr).all():',
+             "if arr.dtype == np.float32 and not np.isfinite(arr).all():", AGG_PROPS),
+    Mutation("infinite-count-accepted", "reply checks", "a reply claiming infinitely many examples is accepted",
+             "fedvls_flwr/algorithms/aggregation.py",
+             "if not (np.isfinite(reply.num_examples) and reply.num_examples > 0):",
+             "if not reply.num_examples > 0:", AGG_PROPS),
     # ---- partitioning
     Mutation("dirichlet-no-cap", "partitioning", "Dirichlet keeps giving to clients at N/num-clients (NIID-Bench cap)",
              "fedvls_flwr/data/partition.py", "p = p * (sizes < cap)", "p = p * (sizes < np.inf)", PART),
@@ -97,18 +119,69 @@ MUTATIONS: list[Mutation] = [
              "fedvls_flwr/data/partition.py", "if smallest >= min_size:", "if smallest >= 0:", PART),
     Mutation("shards-unsorted", "partitioning", "shards are cut from unsorted labels (no label skew)",
              "fedvls_flwr/data/partition.py", 'order = np.argsort(y, kind="stable")', "order = np.arange(y.size)", PART),
+    Mutation("shards-unstable-sort", "partitioning",
+             "shards are cut from an unstable label sort (within a class, the pool order is not kept)",
+             "fedvls_flwr/data/partition.py", 'order = np.argsort(y, kind="stable")',
+             'order = np.argsort(y, kind="quicksort")', PART_PROPS),
+    Mutation("labeldir-wide-draw", "partitioning",
+             "noniid-labeldir draws holder sizes up to n_c for every dataset, not n_c / k beyond 10 classes",
+             "fedvls_flwr/data/partition.py", "int(idx.size if num_classes <= 10 else per)", "int(idx.size)",
+             PART_PROPS),
+    # ---- presets
+    Mutation("preset-seeds-first-grid", "presets", "--seeds replaces the seeds of the first grid of a grid list only",
+             "fedvls_flwr/experiments/preset.py", "        if seeds is not None:\n",
+             "        if seeds is not None and grid is grids[0]:\n", PRESET_PROPS),
+    Mutation("preset-variants-null", "presets", "'variants:' left empty (null or []) gives no runs or an error",
+             "fedvls_flwr/experiments/preset.py", 'variants = spec.get("variants") or [{}]',
+             'variants = spec.get("variants", [{}])', PRESET_PROPS),
+    Mutation("preset-grid-empty-list", "presets", "'grid: []' gives a preset without runs instead of the base run",
+             "fedvls_flwr/experiments/preset.py", 'grids = spec.get("grid") or {}', 'grids = spec.get("grid", {})',
+             PRESET_PROPS),
+    Mutation("preset-set-under-grid", "presets", "--set no longer overrides the grid's and the variants' values",
+             "fedvls_flwr/experiments/preset.py", "overrides = {**base, **combo, **variant, **(sets or {})}",
+             "overrides = {**base, **(sets or {}), **combo, **variant}", PRESET_PROPS),
+    Mutation("only-ignores-defaults", "presets", "--only KEY=VALUE never matches a run that leaves KEY at its default",
+             "fedvls_flwr/experiments/sweep.py", "r.get(k, defaults.get(k)) == v", "r.get(k) == v", PRESET_PROPS),
+    # ---- report tables and the run summary
+    Mutation("gap-paired-by-position", "report tables",
+             "a paired gap subtracts the two columns' runs in folder order, not seed by seed",
+             "fedvls_flwr/experiments/tables.py",
+             "values = [a.best_values[a.seeds.index(s)] - b_by_seed[str(s)] for s in seeds]",
+             "values = [x - y for x, y in zip(a.best_values, b.best_values)]", TABLE_PROPS),
+    Mutation("table-best-counts-round-0", "report tables",
+             "a run without best/final in its summary counts the initial model (round 0) as a trained round",
+             "fedvls_flwr/experiments/runs.py", "if _round_of(r) >= 1 and math.isfinite(_num(r.get(\"accuracy\")))",
+             "if _round_of(r) >= 0 and math.isfinite(_num(r.get(\"accuracy\")))", TABLE_PROPS),
+    Mutation("table-100-percent-read-as-percent", "report tables",
+             "a run whose best accuracy is exactly 1.0 is read as already in percent (shown as 1%)",
+             "fedvls_flwr/experiments/runs.py", "max(finite) > 1.0 + 1e-9", "max(finite) >= 1.0", TABLE_PROPS),
+    Mutation("summary-best-counts-round-0", "report tables", "summary.json's best accuracy counts round 0 (the initial model)",
+             "fedvls_flwr/app/results.py",
+             'trained = [r for r in rounds if r.get("round", 0) >= 1 and r.get("accuracy") is not None]',
+             'trained = [r for r in rounds if r.get("round", 0) >= 0 and r.get("accuracy") is not None]', TABLE_PROPS),
+    Mutation("replies-per-node-unsorted", "report tables",
+             "the summary's replies per machine are listed in first-seen order, not most first",
+             "fedvls_flwr/app/results.py", "return dict(total.most_common())", "return dict(total)", TABLE_PROPS),
     # ---- sampling
     Mutation("sample-same-every-round", "sampling", "every round samples the same clients",
              "fedvls_flwr/algorithms/sampling.py",
-             "rng = random.Random(seed * 1_000_003 + server_round)",
-             "rng = random.Random(seed * 1_000_003)", STRAT),
+             "rng = random.Random(seed * 1_000_003 + server_round)", "rng = random.Random(seed * 1_000_003)",
+             (*SAMPLE, *STRAT)),
     Mutation("sample-one-too-few", "sampling", "a round samples one client fewer than fraction-train says",
              "fedvls_flwr/algorithms/sampling.py",
              "return max(1, int(nodes * fraction_train + 1e-9))", "return max(1, int(nodes * fraction_train + 1e-9) - 1)",
-             STRAT),
+             (*SAMPLE, *STRAT)),
     Mutation("sample-by-node-id", "sampling", "clients drawn in Flower's random node-id order, not by partition",
              "fedvls_flwr/algorithms/sampling.py",
-             "key=lambda n: (n not in partitions, partitions.get(n, 0), n)", "key=lambda n: n", STRAT),
+             "key=lambda n: (n not in partitions, partitions.get(n, 0), n)", "key=lambda n: n", (*SAMPLE, *STRAT)),
+    Mutation("sample-float-floor", "sampling",
+             "clients per round floors n * fraction-train in floating point (0.29 * 100 clients -> 28)",
+             "fedvls_flwr/algorithms/sampling.py",
+             "return max(1, int(nodes * fraction_train + 1e-9))", "return max(1, int(nodes * fraction_train))",
+             SAMPLE),
+    Mutation("sample-seed-ignored", "sampling", "the client sample depends on the round only, not on the run's seed",
+             "fedvls_flwr/algorithms/sampling.py",
+             "rng = random.Random(seed * 1_000_003 + server_round)", "rng = random.Random(server_round)", SAMPLE),
     # ---- round rules
     Mutation("min-fit-fraction-ignored", "round rules", "a round is accepted whatever min-fit-fraction says",
              "fedvls_flwr/app/strategy.py",
@@ -171,6 +244,14 @@ MUTATIONS: list[Mutation] = [
              "fedvls_flwr/algorithms/fedconcat.py",
              "self._has_encoders |= {int(r.client) for r in replies if int(r.client) in self._sending_encoders}",
              "pass", CONCAT),
+    Mutation("fedconcat-split-floored", "new methods",
+             "FedConcat's 1 : 20 split floors R / 21 instead of rounding it (one encoder round short at some R)",
+             "fedvls_flwr/algorithms/fedconcat.py", "max(1, round(num_rounds / 21))", "max(1, num_rounds // 21)",
+             CONCAT_PROPS),
+    Mutation("fedconcat-setting-one-ignored", "new methods",
+             "fedconcat-encoder-rounds = 1 falls back to the 1 : 20 split", "fedvls_flwr/algorithms/fedconcat.py",
+             "    if setting > 0:\n        return setting\n", "    if setting > 1:\n        return setting\n",
+             CONCAT_PROPS),
     Mutation("fedgf-mix-flipped", "new methods", "FedGF mixes with 1 - c where c belongs",
              "fedvls_flwr/algorithms/fedgf.py", "torch._foreach_mul_(everything, 1.0 - self.c)",
              "torch._foreach_mul_(everything, self.c)", GF),
@@ -208,6 +289,25 @@ MUTATIONS: list[Mutation] = [
     Mutation("split-counts-shifted", "site shares", "the server's rebuilt split names each partition's counts one id off",
              "fedvls_flwr/data/node_data.py", "for pid, idx in enumerate(parts)}", "for pid, idx in enumerate(parts, 1)}",
              ("tests/test_site_shares.py",)),
+    # ---- evaluation and the client's randomness
+    Mutation("evaluation-augments", "evaluation", "the evaluation transform augments the test images (train mode)",
+             "fedvls_flwr/algorithms/training.py", "transform = make_batch_transform(mean, std, train=False, augment=False)",
+             "transform = make_batch_transform(mean, std, train=True, augment=True)", INVARIANTS),
+    Mutation("evaluation-in-train-mode", "evaluation", "evaluation leaves the model in train mode (BatchNorm batch statistics)",
+             "fedvls_flwr/algorithms/training.py", "    model.to(device).eval()\n", "    model.to(device)\n", INVARIANTS),
+    Mutation("client-seed-without-round", "randomness", "the client's batch order and augmentation ignore the round",
+             "fedvls_flwr/app/client.py", "np.random.SeedSequence([cfg.seed, server_round, partition_id])",
+             "np.random.SeedSequence([cfg.seed, partition_id])", INVARIANTS),
+    Mutation("client-seed-without-partition", "randomness", "every partition draws the same batch order and augmentation",
+             "fedvls_flwr/app/client.py", "np.random.SeedSequence([cfg.seed, server_round, partition_id])",
+             "np.random.SeedSequence([cfg.seed, server_round])", INVARIANTS),
+    Mutation("client-seed-without-seed", "randomness", "the client's batch order and augmentation ignore the run's seed",
+             "fedvls_flwr/app/client.py", "np.random.SeedSequence([cfg.seed, server_round, partition_id])",
+             "np.random.SeedSequence([server_round, partition_id])", INVARIANTS),
+    Mutation("augmentation-unseeded", "randomness", "the augmentation draws from torch's global generator, not the round's",
+             "fedvls_flwr/algorithms/training.py",
+             "transform = make_batch_transform(data.mean, data.std, train=True, augment=cfg.augment, generator=generator)",
+             "transform = make_batch_transform(data.mean, data.std, train=True, augment=cfg.augment)", INVARIANTS),
     # ---- devices
     Mutation("auto-never-cuda", "devices", "device='auto' never picks CUDA",
              "fedvls_flwr/algorithms/training.py",

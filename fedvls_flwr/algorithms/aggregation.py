@@ -62,7 +62,7 @@ def weighted_average(replies: list[Reply], reference: ArrayDict) -> ArrayDict:
     for key, ref in reference.items():
         acc = np.zeros(ref.shape, dtype=np.float64)
         for r in replies:
-            acc += (r.num_examples / total) * r.arrays[key]
+            acc += (r.num_examples / total) * r.arrays[key].astype(np.float64)
         if ref.dtype.kind in "iub":
             np.rint(acc, out=acc)
         out[key] = acc.astype(ref.dtype)

@@ -87,10 +87,13 @@ def partition_indices(
         kind: one of :data:`PARTITIONS`.
         seed: seed of ``np.random.default_rng``; the same inputs give the same split.
         dirichlet_beta: concentration of the Dirichlet prior (``dirichlet`` only, > 0).
-        shards_per_client: shards given to each client (``shards`` only, >= 1).
+        shards_per_client: shards given to each client (``shards``), classes held by each
+            client (``noniid-labeldir``); >= 1.
         min_size: every client must end with at least this many samples (``dirichlet``
-            only; the other schemes give every client at least one sample by
-            construction).
+            only; ``iid`` and ``shards`` give every client at least one sample by
+            construction; ``noniid-labeldir`` can leave clients empty: with int(N / C * s)
+            holders per class, the clients past the C classes' slots hold nothing, e.g.
+            the last 2 of 12 clients for 10 classes and s = 2).
         max_redraws: how many whole-split draws the ``dirichlet`` scheme may try before
             giving up (>= 1).
 
