@@ -26,7 +26,7 @@ from torch import nn
 
 from fedvls_flwr.algorithms.run_model import build_run_model
 from fedvls_flwr.algorithms.training import evaluate
-from fedvls_flwr.app import protocol
+from fedvls_flwr.app import keys
 from fedvls_flwr.app.client import train_round
 from fedvls_flwr.config.run_config import IMAGE_DATASETS, parse_run_config
 from fedvls_flwr.data.datasets import image_format
@@ -153,13 +153,13 @@ def train_once(site: Path, initial: dict[str, torch.Tensor], *, seed: int, serve
     """train_round's weights for one node's images, from the same initial model every time."""
     cfg = parse_run_config({**RUN, "seed": seed, **changes})
     content = RecordDict({
-        protocol.ARRAYS: ArrayRecord(initial),
-        protocol.CONFIG: ConfigRecord({**cfg.to_flower(), protocol.SERVER_ROUND: server_round}),
+        keys.ARRAYS: ArrayRecord(initial),
+        keys.CONFIG: ConfigRecord({**cfg.to_flower(), keys.SERVER_ROUND: server_round}),
     })
     node = {"dataset": "folder", "data-dir": str(site), "classes": CIFAR10_CLASSES, "partition-id": partition,
             "cache-dir": "none"}
     reply = train_round(content, node)
-    return {k: v.numpy() for k, v in reply.array_records[protocol.ARRAYS].items()}
+    return {k: v.numpy() for k, v in reply.array_records[keys.ARRAYS].items()}
 
 
 def largest_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
