@@ -48,6 +48,12 @@ from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
+from fedvls_flwr.app.client_app import app as project_client_app
+from fedvls_flwr.app.server_app import RUN_RECORD
+from fedvls_flwr.app.server_app import app as server_app
+from fedvls_flwr.config.run_config import RunConfig
+from fedvls_flwr.ops.launch import PROJECT_DIR
+
 __all__ = ["InProcessGrid", "InProcessRun", "run_in_process"]
 
 #: Flower's default ``client-resources-num-cpus`` in a simulation (Ray's per-actor CPUs).
@@ -204,10 +210,6 @@ def run_in_process(overrides: dict[str, Any], num_supernodes: int = 10, *,
     ``flwr run --run-config`` gives them), ``num_supernodes`` simulated nodes. Raises what the
     ServerApp raises (a run that fails here is one ``flwr run`` reports ``finished:failed``).
     ``client_app``: another ClientApp (the tests' fault injection wraps the project's)."""
-    from fedvls_flwr.app.client_app import app as project_client_app
-    from fedvls_flwr.app.server_app import RUN_RECORD
-    from fedvls_flwr.app.server_app import app as server_app
-
     client_app = client_app or project_client_app
     run_config = fused_run_config(overrides, project_dir)
     run_id = secrets.randbits(63) or 1
@@ -231,15 +233,11 @@ def fused_run_config(overrides: dict[str, Any], project_dir: Path | None = None)
     """The app's ``[tool.flwr.app.config]`` fused with ``overrides``, as Flower's simulation
     fuses them (an unknown key is an error there too); without the app's pyproject.toml (an
     installed package), the declared defaults, which that table is generated from."""
-    from fedvls_flwr.ops.launch import PROJECT_DIR
-
     app_dir = Path(project_dir or PROJECT_DIR)
     if (app_dir / "pyproject.toml").is_file():
         from flwr.common.config import get_fused_config_from_dir
 
         return dict(get_fused_config_from_dir(app_dir, dict(overrides)))
-    from fedvls_flwr.config.run_config import RunConfig
-
     defaults = RunConfig().to_flower()
     if unknown := sorted(set(overrides) - set(defaults)):
         raise ValueError(f"unknown run config key(s) {unknown}")

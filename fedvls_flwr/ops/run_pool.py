@@ -53,7 +53,7 @@ def _worker(conn: Connection, threads: int) -> None:  # pragma: no cover - runs 
     import torch
 
     torch.set_num_threads(threads)
-    from fedvls_flwr.ops.inprocess import run_in_process
+    from fedvls_flwr.ops.inprocess import run_in_process  # the worker's import, not the sweep's (no torch there)
 
     while True:
         try:
