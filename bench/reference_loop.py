@@ -416,6 +416,8 @@ def _run(cfg: RefConfig, log, keep_arrays: bool) -> dict[str, Any]:
             record["stage"] = protocol.stage(r)
         else:
             point = fedgf.point() if fedgf is not None else None
+            if fedgf is not None:
+                record["fedgf_c"] = 0.0 if point is None else point.c
             replies, client_seconds = [], []
             for i in sampled:
                 t_client = time.perf_counter()
@@ -431,6 +433,9 @@ def _run(cfg: RefConfig, log, keep_arrays: bool) -> dict[str, Any]:
             new_state = server.step(r, global_state, average, replies)
             if fedgf is not None:
                 fedgf.observe(global_state, new_state, replies)
+                record["fedgf_divergence"] = fedgf.divergence
+            if getattr(server, "step_size", None) is not None:
+                record["server_step_size"] = server.step_size
             global_state = new_state
             load_numpy(model, server.evaluated(global_state))
             evaluated = model

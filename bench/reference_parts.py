@@ -110,6 +110,7 @@ class FedExP(ServerStep):
     """w + eta_g (w_avg - w), eta_g = max(1, sum_i p_i ||d_i||^2 / (2 (||d_bar||^2 + eps)))."""
 
     previous: Arrays | None = None
+    step_size: float | None = None
 
     def step(self, t, w, avg, replies):
         keys = float_names(w)
@@ -117,6 +118,7 @@ class FedExP(ServerStep):
         spread = sum(n / total * norm([r[k].astype(np.float64) - w[k] for k in keys]) ** 2 for n, r in replies)
         d_bar = {k: avg[k].astype(np.float64) - w[k].astype(np.float64) for k in keys}
         eta = max(1.0, spread / (2 * (norm(list(d_bar.values())) ** 2 + float(self.p["fedexp-eps"]))))
+        self.step_size = eta
         new = dict(avg)
         for k in keys:
             new[k] = (w[k].astype(np.float64) + eta * d_bar[k]).astype(w[k].dtype)
@@ -211,6 +213,7 @@ class FedGFServer:
     perturbed: Arrays = field(default_factory=dict)
     c: float = 0.0
     window: list[int] = field(default_factory=list)
+    divergence: float = float("nan")
 
     def point(self) -> FedGFPoint | None:
         if not self.perturbed or self.c == 0.0:
@@ -219,8 +222,9 @@ class FedGFServer:
 
     def observe(self, sent: Arrays, new: Arrays, replies: Sequence[tuple[float, Arrays]]) -> None:
         keys = float_names(sent)
-        divergence = sum(norm([sent[k].astype(np.float64) - r[k].astype(np.float64) for k in keys])
-                         for _, r in replies) / len(replies)
+        self.divergence = divergence = sum(
+            norm([sent[k].astype(np.float64) - r[k].astype(np.float64) for k in keys]) for _, r in replies
+        ) / len(replies)
         u = {k: sent[k].astype(np.float64) - new[k].astype(np.float64) for k in keys}
         size = norm(list(u.values()))
         self.perturbed = {
