@@ -43,6 +43,8 @@ FENCE = ("tests/test_deploy_tools.py",)
 CONCAT = ("tests/test_fedconcat.py",)
 CONCAT_PROPS = ("tests/test_properties_fedconcat.py",)
 GF = ("tests/test_fedgf.py",)
+DIFF = ("tests/test_differential.py",)  # the app against the plain reference loop, every part
+REPLIES = ("tests/test_reply_contents.py",)
 
 MUTATIONS: list[Mutation] = [
     # ---- objectives
@@ -308,6 +310,41 @@ MUTATIONS: list[Mutation] = [
              "fedvls_flwr/algorithms/training.py",
              "transform = make_batch_transform(data.mean, data.std, train=True, augment=cfg.augment, generator=generator)",
              "transform = make_batch_transform(data.mean, data.std, train=True, augment=cfg.augment)", INVARIANTS),
+    # ---- the app against the reference loop (tests/test_differential.py)
+    Mutation("batch-seed-order-swapped", "sampling", "a client seeds its batch order with (seed, partition, round), "
+             "not (seed, round, partition): every run still reproduces itself",
+             "fedvls_flwr/app/client.py", "SeedSequence([cfg.seed, server_round, partition_id])",
+             "SeedSequence([cfg.seed, partition_id, server_round])", DIFF),
+    Mutation("client-state-not-kept", "client state", "the ClientApp never writes the client's state back to the "
+             "node's Context: MOON has no previous model and carried momentum restarts every round",
+             "fedvls_flwr/app/client.py", "        save_client_state(client_state, state)\n", "        pass\n", DIFF),
+    Mutation("moon-previous-is-global", "client state", "MOON's negative is the received global model, "
+             "not the client's model of its previous round",
+             "fedvls_flwr/algorithms/training.py", "            previous.load_state_dict(state.previous_model)\n",
+             "            pass\n", DIFF),
+    Mutation("teacher-cached-in-train-mode", "objectives", "the teacher's output is computed once per round even in "
+             "train mode with BatchNorm (whole-data batch statistics instead of each batch's)",
+             "fedvls_flwr/algorithms/training.py",
+             "deterministic = not transform.augments and not (train_mode and mode_dependent(model))",
+             "deterministic = not transform.augments", DIFF),
+    Mutation("downlink-values-dropped", "new methods", "a client drops the downlink's values: FedGF's c is 0 and "
+             "its clients silently run FedSAM", "fedvls_flwr/app/client.py",
+             "    if keys.DOWNLINK_VALUES in content.config_records:", "    if False:", DIFF),
+    Mutation("fedexp-evaluates-last", "round rules", "the server evaluates the last global model whatever "
+             "fedexp-eval says (average-last-two ignored)", "fedvls_flwr/app/server.py",
+             "state = self.strategy.server_optimizer.evaluation_arrays(to_numpy_dict(arrays))",
+             "state = to_numpy_dict(arrays)", DIFF),
+    # ---- what a reply carries and where it ran
+    Mutation("query-shares-undeclared", "site shares", "a site answers a query for its class counts whether or not "
+             "a part of the run declares them", "fedvls_flwr/app/client.py",
+             'if "class-counts" in wanted & site_shares(cfg.to_flower()):', 'if "class-counts" in wanted:', REPLIES),
+    Mutation("local-eval-always-sent", "site shares", "every training reply carries the per-class test accuracy, "
+             "local-eval or not", "fedvls_flwr/app/client.py",
+             "if cfg.local_eval and outcome.model is not None:", "if outcome.model is not None:", REPLIES),
+    Mutation("round-nodes-by-flower-id", "round records", "a round counts its replies by Flower's random node id, "
+             "not by the machine each reply names", "fedvls_flwr/app/server.py",
+             '"nodes": count_by(report.clients, "ran_on"),', '"nodes": count_by(report.clients, "node"),',
+             ("tests/test_round_machines.py",)),
     # ---- devices
     Mutation("auto-never-cuda", "devices", "device='auto' never picks CUDA",
              "fedvls_flwr/algorithms/training.py",
