@@ -16,7 +16,8 @@ Workloads (every process fresh; the data is the real MNIST test split, ``--data-
 * ``fedconcat``: FedConcat (K = 2) on the same data, 2 encoder rounds and ``--head-rounds``
   head rounds: the steady seconds per head round (median over the head rounds after the
   first, which also sends the encoders); the plain loop is
-  ``bench/reference_loop.py --protocol=fedconcat``.
+  ``bench/reference_loop.py --protocol=fedconcat`` (the clusters given, so
+  K-means, the same in every engine, is out of the timed rounds).
 * ``sweep``: six short digits runs (FedAvg and FedVLS x 3 seeds, 2 rounds x 1 local epoch, 4
   clients) as ``fedvls sweep`` commands: ``--engine flwr`` (one Ray for the sweep), and the
   in-process engine with one and two workers; wall seconds per run (the whole command over
@@ -203,7 +204,8 @@ def main() -> int:
         results["fedavg"] = engines(config, 10, 2, work / "fedavg", config)
     if "fedconcat" in todo:
         config = {**data, "method": "fedavg", "local-epochs": 1, "protocol": "fedconcat", "fedconcat-clusters": 2,
-                  "fedconcat-encoder-rounds": 2, "num-server-rounds": 2 + args.head_rounds}
+                  "fedconcat-encoder-rounds": 2, "num-server-rounds": 2 + args.head_rounds,
+                  "fedconcat-assignment": "0,1,0,1,0,1,0,1,0,1"}  # the same clusters in every engine
         results["fedconcat"] = engines(config, 10, 4, work / "fedconcat", config)
     if "sweep" in todo:
         results["sweep"] = sweep(work / "sweep")
