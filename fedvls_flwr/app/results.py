@@ -127,19 +127,34 @@ def read_rounds(run_dir: Path) -> list[dict[str, Any]]:
 
 
 class RunWriter:
-    """Owns one run folder; keeps the rounds in memory and rewrites the file atomically."""
+    """Owns one run folder; keeps the rounds in memory and rewrites the file atomically.
+
+    The file is replaced whole every round (never torn, never half a line), and the lines of
+    the rounds already written are kept encoded: a round costs one record's encoding, not the
+    whole run's again (1,000 rounds of FedConcat's head)."""
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.rounds: list[dict[str, Any]] = []
+        self._rounds: list[dict[str, Any]] = []
+        self._lines: list[bytes] = []
+
+    @property
+    def rounds(self) -> list[dict[str, Any]]:
+        return self._rounds
+
+    @rounds.setter
+    def rounds(self, rounds: list[dict[str, Any]]) -> None:
+        self._rounds = list(rounds)
+        self._lines = [(json.dumps(r) + "\n").encode() for r in self._rounds]
 
     def append_round(self, record: dict[str, Any]) -> None:
         """Add a round; ``self.rounds`` grows only once the file holds it too."""
-        rounds = [*self.rounds, _jsonable(record)]
-        text = "".join(json.dumps(r) + "\n" for r in rounds)
-        atomic_write_bytes(self.run_dir / ROUNDS_FILE, text.encode())
-        self.rounds = rounds
+        record = _jsonable(record)
+        line = (json.dumps(record) + "\n").encode()
+        atomic_write_bytes(self.run_dir / ROUNDS_FILE, b"".join([*self._lines, line]))
+        self._rounds = [*self._rounds, record]
+        self._lines.append(line)
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         atomic_write_json(self.run_dir / SUMMARY_FILE, summary)
