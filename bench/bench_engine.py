@@ -12,7 +12,9 @@ Workloads (every process fresh; the data is the real MNIST test split, ``--data-
   aggregation, the global model's evaluation; the app's from its rounds.jsonl) and the
   whole command's wall time. Each client trains with one torch thread in every engine
   (``bench/reference_loop.py --threads 1``; the app's ``torch-threads = 1``), the plain
-  loop and the in-process engine one client after the other, Ray with two actors at once.
+  loop and the in-process engine one client after the other and their server's side on one
+  thread too (``OMP_NUM_THREADS=1``: the same work), Ray with two actors at once and its
+  ServerApp on torch's default threads.
 * ``fedconcat``: FedConcat (K = 2) on the same data, 2 encoder rounds and ``--head-rounds``
   head rounds: the steady seconds per head round (median over the head rounds after the
   first, which also sends the encoders); the plain loop is
@@ -64,9 +66,9 @@ ENV = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK":
        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
 
 
-def _run(cmd: list[str]) -> tuple[float, subprocess.CompletedProcess]:
+def _run(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, subprocess.CompletedProcess]:
     t0 = time.perf_counter()
-    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=ENV)
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**ENV, **(env or {})})
     seconds = time.perf_counter() - t0
     if res.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({res.returncode}):\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}")
@@ -94,7 +96,8 @@ def plain(config: dict[str, Any], clients: int, steady_from: int) -> dict[str, A
 def in_process(config: dict[str, Any], clients: int, steady_from: int, out: Path) -> dict[str, Any]:
     wall, _ = _run([sys.executable, "-m", "fedvls_flwr", "run", "--run-config",
                     _config_arg({**config, "output-dir": str(out), "run-name": "inprocess"}),
-                    "--federation-config", f"num-supernodes={clients} client-resources-num-cpus=1"])
+                    "--federation-config", f"num-supernodes={clients} client-resources-num-cpus=1"],
+                   env={"OMP_NUM_THREADS": "1"})  # the server's side on one thread too, as the plain loop
     rounds = read_rounds(out / "inprocess")
     return {"steady": _steady([r["seconds"] for r in rounds if r["round"] >= steady_from]), "wall": wall,
             "accuracy": [r["accuracy"] for r in rounds]}
