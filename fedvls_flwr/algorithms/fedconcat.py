@@ -242,20 +242,21 @@ class FedConcat(RoundProtocol):
 
     def plan(self, server_round: int, state: ArrayDict, partitions: Mapping[int, int | None]) -> dict[int, Assignment]:
         if self.stage(server_round) == 1:
+            per_cluster = {k: Assignment(f"cluster{k}", _unprefixed(f"cluster{k}/", state), {STAGE: 1, CLUSTER: k})
+                           for k in range(self.clusters)}  # one message per cluster, not one per node
             out: dict[int, Assignment] = {}
-            per_cluster = {k: _unprefixed(f"cluster{k}/", state) for k in range(self.clusters)}
             for node, partition in partitions.items():
                 k = self.cluster_of(state, partition)
                 if k is not None:  # a site unknown at the clustering waits for stage 2
-                    out[node] = Assignment(f"cluster{k}", per_cluster[k], {STAGE: 1, CLUSTER: k})
+                    out[node] = per_cluster[k]
             return out
         head = {HEAD_WEIGHT: state[HEAD_WEIGHT], HEAD_BIAS: state[HEAD_BIAS]}
         with_encoders = {**head, **{k: v for k, v in state.items() if k.startswith("encoder")}}
         self._sending_encoders = {n for n in partitions if n not in self._has_encoders}
-        return {
-            node: Assignment("head", with_encoders if node in self._sending_encoders else head, {STAGE: 2}, head)
-            for node in partitions
-        }
+        # one message for the nodes that need the encoders and one for the others (not one per node)
+        first = Assignment("head", with_encoders, {STAGE: 2}, head)
+        later = Assignment("head", head, {STAGE: 2}, head)
+        return {node: first if node in self._sending_encoders else later for node in partitions}
 
     def aggregate(self, server_round: int, state: ArrayDict, groups: Mapping[str, list[Reply]]) -> ArrayDict:
         new = dict(state)
