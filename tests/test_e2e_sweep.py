@@ -182,10 +182,13 @@ def test_sweep_stopped_by_sigterm_stops_everything_it_started(tmp_path, engine):
     out = (tmp_path / "out").resolve()
     started = out / FIRST / "rounds.jsonl"
     console = tmp_path / "sweep-terminated.log"
+    preset = write_preset(tmp_path)
+    if engine == "inprocess":  # a one-round digits run takes a tenth of a second here: give it rounds to stop in
+        preset.write_text(PRESET.replace("num-server-rounds: 1", "num-server-rounds: 40"))
     seen: set[int] = set()
     with console.open("wb") as handle:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "fedvls_flwr", "sweep", str(write_preset(tmp_path)), "-o", str(out),
+            [sys.executable, "-m", "fedvls_flwr", "sweep", str(preset), "-o", str(out),
              "--timeout", str(RUN_TIMEOUT), "--engine", engine],
             cwd=PROJECT_DIR, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
         )
