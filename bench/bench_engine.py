@@ -126,6 +126,7 @@ def engines(config: dict[str, Any], clients: int, steady_from: int, work: Path, 
 
 
 def sweep(work: Path) -> dict[str, Any]:
+    work.mkdir(parents=True, exist_ok=True)
     preset = work / "preset.yaml"
     preset.write_text(SWEEP_PRESET)
     results: dict[str, Any] = {}
