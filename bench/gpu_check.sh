@@ -7,10 +7,12 @@
 #    index (make it on a machine with internet: fedvls wheelhouse --with-tests
 #    --python-version 3.12 -o wheelhouse, and copy it over with the checkout);
 # 1. the CUDA-only unit tests (skipped on CPU-only machines);
-# 2-4. bench/gpu_check.py: MobileNetV2 (CIFAR-format) and the CNN (Fashion-MNIST-format),
-#    FedAvg and FedVLS, 5 rounds, 4 simulated clients at 0.25 GPU each (s/round, img/s, peak
-#    GPU memory, the device of every client), the plain PyTorch loop on the same GPU for the
-#    FedVLS/FedAvg ratio, and a 2-SuperNode deployment on 127.0.0.1 training on the GPU.
+# 2-4. bench/gpu_check.py: MobileNetV2 (CIFAR-format) in Flower's Ray simulation (4 clients at
+#    0.25 GPU each, one Ray head for both runs) and the CNN (Fashion-MNIST-format) on the
+#    in-process engine, FedAvg and FedVLS, 3 rounds (s/round, img/s, peak GPU memory, the
+#    device of every client), the plain PyTorch loop on the same GPU for the ratios, and a
+#    2-SuperNode deployment on 127.0.0.1 training on the GPU; every step within --budget
+#    (230 s: the whole script fits one 4-minute GPU lease) or said as skipped.
 # Prints one summary at the end; the full output is in $LOG.
 set -uo pipefail
 cd "$(dirname "$0")/.."
