@@ -2,7 +2,9 @@
 
 :func:`fault_app` writes a copy of the app whose ClientApp is the project's own handlers
 wrapped in :func:`inject_faults` (the production ClientApp has no test hook); submit runs to
-that folder. ``FEDVLS_INJECT_FAULT`` in the Flower processes' environment lists entries
+that folder. :func:`fault_client_app` is the same ClientApp for the in-process engine
+(``run_in_process(..., client_app=...)``), which reads ``FEDVLS_INJECT_FAULT`` from this
+process's environment. ``FEDVLS_INJECT_FAULT`` in the Flower processes' environment lists entries
 ``kind:partition:round`` separated by commas: ``raise`` makes that partition's training raise
 in that round, ``nan`` makes it reply with NaN weights.
 """
@@ -50,6 +52,19 @@ def fault_app(folder: Path) -> Path:
     (folder / "pyproject.toml").write_text(pyproject.replace('clientapp = "client_app:app"',
                                                             'clientapp = "fault_client_app:app"'))
     return folder
+
+
+def fault_client_app():
+    """The project's ClientApp handlers behind :func:`inject_faults`, for the in-process engine."""
+    from flwr.clientapp import ClientApp
+
+    from fedvls_flwr.app import client_app as production
+
+    app = ClientApp(mods=[inject_faults])
+    app.train()(production.train)
+    app.evaluate()(production.evaluate)
+    app.query()(production.query)
+    return app
 
 
 def planned_fault(partition_id: int, server_round: int) -> str | None:

@@ -1,6 +1,7 @@
 """What the tests' runs share: the digits run config the end-to-end tests start from, the
-run identity Flower's messages need outside a real app, and what a finished deployment's
-run folder must hold."""
+run identity Flower's messages need outside a real app, what a finished deployment's run
+folder must hold, and a run on the in-process engine that leaves torch's process-wide
+settings as it found them."""
 
 from __future__ import annotations
 
@@ -59,3 +60,43 @@ def deployed(tmp_path: Path, config: dict, env: dict[str, str], nodes: int = 2) 
     assert outcome.completed, f"{outcome.status}\n{outcome.log[-4000:]}"
     assert leftovers(pids, tmp_path) == []
     return run_dir
+
+
+@contextmanager
+def torch_global_state() -> Iterator[None]:
+    """torch's process-wide settings that a ServerApp run in this process changes (the
+    deterministic mode and cuDNN flags of ``deterministic = true``, the global random
+    generator it seeds, the thread count), restored afterwards: a run on the in-process
+    engine leaves the rest of the suite's process as it found it."""
+    import random
+
+    import numpy as np
+    import torch
+
+    flags = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
+             torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision)
+    threads, py_state, np_state = torch.get_num_threads(), random.getstate(), np.random.get_state()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            yield
+    finally:
+        torch.use_deterministic_algorithms(flags[0], warn_only=flags[1])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = flags[2], flags[3]
+        torch.backends.cuda.matmul.fp32_precision = flags[4]
+        torch.backends.cudnn.conv.fp32_precision = flags[5]
+        torch.set_num_threads(threads)
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+
+
+def run_here(config: dict, nodes: int, *, client_cpus: float = 1, client_app=None) -> Path:
+    """``config`` run on the in-process engine (the app's own ServerApp and ClientApp in this
+    process, fedvls_flwr.ops.inprocess) with ``nodes`` simulated SuperNodes and
+    ``client_cpus`` torch threads per client (Flower's ``client-resources-num-cpus``).
+    Returns its run folder; raises what the ServerApp raises (a run that ``flwr run``
+    reports ``finished:failed``)."""
+    from fedvls_flwr.ops.inprocess import run_in_process
+
+    with torch_global_state():
+        return run_in_process(config, nodes, client_cpus=client_cpus, client_app=client_app).run_dir

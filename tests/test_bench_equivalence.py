@@ -1,18 +1,19 @@
 """The benchmark's plain reference loop and the app do the same work.
 
 On a tiny configuration (digits, 3 clients, 2 rounds, 1 local epoch) the plain PyTorch
-loop of ``bench/reference_loop.py`` and a real ``flwr run`` simulation of the app reach
-the same test accuracy in every round (round 0, the initial model, included), for FedAvg
-and FedVLS. So a speed ratio between them compares equal work. The DataLoader variant
-of the reference loop (the "idiomatic" baseline of the benchmark) draws the same batches
-and must agree as well.
+loop of ``bench/reference_loop.py`` and a simulation of the app (its ServerApp and
+ClientApp on the in-process engine, which computes what a ``flwr run`` simulation computes,
+bit for bit: tests/test_e2e_inprocess.py) reach the same test accuracy in every round
+(round 0, the initial model, included), for FedAvg and FedVLS. So a speed ratio between
+them compares equal work. The DataLoader variant of the reference loop (the "idiomatic"
+baseline of the benchmark) draws the same batches and must agree as well.
 """
 
 import pytest
 
 from bench.reference_loop import RefConfig, run
 from fedvls_flwr.app.results import read_rounds
-from fedvls_flwr.ops.launch import LocalSuperLink
+from tests.runs import run_here
 
 pytestmark = pytest.mark.e2e
 
@@ -26,28 +27,17 @@ def tiny(method: str, **changes) -> RefConfig:
     )
 
 
-@pytest.fixture(scope="module")
-def link(tmp_path_factory):
-    with LocalSuperLink(tmp_path_factory.mktemp("flwr-home")) as superlink:
-        yield superlink
-
-
-def app_accuracies(link, cfg: RefConfig, out) -> list[float]:
+def app_accuracies(cfg: RefConfig, out) -> list[float]:
     overrides = {**cfg.run_config(), "output-dir": str(out), "run-name": cfg.method,
                  "device": "cpu", "torch-threads": 1, "min-nodes": cfg.num_clients}
-    run_id = link.submit(
-        run_config=overrides,
-        federation_config={"num-supernodes": cfg.num_clients, "client-resources-num-cpus": 1},
-    )
-    outcome = link.wait(run_id, timeout=300)
-    assert outcome.completed, f"run ended {outcome.status}\n{outcome.log[-4000:]}"
+    run_here(overrides, cfg.num_clients)
     rounds = read_rounds(out / cfg.method)
     assert [r["round"] for r in rounds] == list(range(cfg.num_server_rounds + 1))
     return [r["accuracy"] for r in rounds]
 
 
 @pytest.mark.parametrize("method", ["fedavg", "fedvls"])
-def test_reference_loop_matches_the_app(link, tmp_path, method):
+def test_reference_loop_matches_the_app(tmp_path, method):
     cfg = tiny(method)
     reference = run(cfg)
     ref_acc = [r["accuracy"] for r in reference["rounds"]]
@@ -60,7 +50,7 @@ def test_reference_loop_matches_the_app(link, tmp_path, method):
         parts = partition_indices(y, cfg.num_clients, "dirichlet", cfg.seed, dirichlet_beta=cfg.dirichlet_beta)
         assert any((class_counts(y, p, 10) == 0).sum() >= 2 for p in parts)
 
-    app_acc = app_accuracies(link, cfg, tmp_path / "runs")
+    app_acc = app_accuracies(cfg, tmp_path / "runs")
     assert len(app_acc) == len(ref_acc) == 3
     for r, (a, b) in enumerate(zip(app_acc, ref_acc)):
         assert abs(a - b) < TOL, f"round {r}: app {a} vs reference {b} (all: {app_acc} vs {ref_acc})"

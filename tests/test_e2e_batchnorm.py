@@ -1,4 +1,5 @@
-"""Real `flwr run` simulations of the two ways small batches break BatchNorm, 3 rounds each:
+"""Simulations of the two ways small batches break BatchNorm, 3 rounds each, on the in-process
+engine (the app's own ServerApp and ClientApp; the ServerApp's log is this process's):
 
 * ``resnet18-imagenet`` on Fashion-MNIST-format data, 2 clients x 65 images, batch 64 (a
   last batch of one sample at the model's 1x1 map fails BatchNorm's training step);
@@ -11,12 +12,13 @@ Both must complete with every reply accepted, and the ServerApp must have warned
 """
 
 import json
+import logging
 import math
 
 import pytest
 
 from fedvls_flwr.app.results import read_rounds
-from fedvls_flwr.ops.launch import LocalSuperLink
+from tests.runs import run_here
 
 pytestmark = pytest.mark.e2e
 
@@ -32,27 +34,20 @@ RUNS = {
 }
 
 
-def test_batchnorm_models_with_short_last_batches_train_three_rounds(tmp_path):
+def test_batchnorm_models_with_short_last_batches_train_three_rounds(tmp_path, caplog):
     from tests.tiny_data import write_idx_dataset
 
     data_dir, out = tmp_path / "data", tmp_path / "runs"
     write_idx_dataset(data_dir / "FashionMNIST" / "raw", n_train=130, n_test=30)
-    outcomes = {}
-    with LocalSuperLink(tmp_path / "flwr-home") as link:
-        for name, (config, nodes, _) in RUNS.items():
-            run_config = {
-                **config, "data-dir": str(data_dir), "num-server-rounds": 3, "local-epochs": 1,
-                "output-dir": str(out), "run-name": name,
-            }
-            federation = {"num-supernodes": nodes, "client-resources-num-cpus": 1}
-            outcomes[name] = link.wait(link.submit(run_config=run_config, federation_config=federation), timeout=300)
-        processes = list(link.processes)
-    assert all(p.poll() is not None for p in processes)
-
-    for name, (_, nodes, warning) in RUNS.items():
-        outcome = outcomes[name]
-        assert outcome.completed, f"{name}: run ended {outcome.status}\n{outcome.log[-4000:]}"
-        assert f"model '{name}' {warning}" in outcome.log
+    for name, (config, nodes, warning) in RUNS.items():
+        run_config = {
+            **config, "data-dir": str(data_dir), "num-server-rounds": 3, "local-epochs": 1,
+            "output-dir": str(out), "run-name": name,
+        }
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="flwr"):
+            run_here(run_config, nodes)
+        assert f"model '{name}' {warning}" in caplog.text, caplog.text[-4000:]
         rounds = read_rounds(out / name)
         assert [r["round"] for r in rounds] == [0, 1, 2, 3], name
         for r in rounds[1:]:

@@ -1,26 +1,24 @@
-"""Real `flwr run` simulations of every model of the zoo, 3 rounds each, on generated data
-in the CIFAR-10 and Fashion-MNIST formats (augmentation on for CIFAR).
+"""Simulations of every model of the zoo, 3 rounds each, on generated data in the CIFAR-10
+and Fashion-MNIST formats (augmentation on for CIFAR), on the in-process engine (the app's
+own ServerApp and ClientApp in this process; the ServerApp's log is this process's).
 
 The data are a tiny folder in the real CIFAR-10 python format, written here and read by
 the project's real loader (torchvision's ``CIFAR10`` class). torchvision checks every
-file against the md5 sums of the real release, which generated files cannot match, and
-the ServerApp/ClientApps run in processes that Flower starts (a monkeypatch here does
-not reach them). So the test, and only the test, puts a ``sitecustomize.py`` on the
-``PYTHONPATH`` of the SuperLink it starts (inherited by every process below it; Flower's
-Ray backend forwards ``PYTHONPATH`` to its actors): when ``torchvision.datasets.cifar``
-is imported it replaces the expected md5 sums with those of the generated files, the same
-substitution tests/test_data.py makes in-process. The integrity check itself still runs.
-The project code is unchanged; without the environment variable the hook does nothing.
+file against the md5 sums of the real release, which generated files cannot match, so the
+test points the expected md5 sums at the generated files (a monkeypatch of the class's
+attributes, as tests/test_data.py does; the apps run in this process). The integrity check
+itself still runs; the project code is unchanged.
 """
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
 
 from fedvls_flwr.app.results import read_rounds
-from fedvls_flwr.ops.launch import LocalSuperLink
-from tests.tiny_data import MD5_ENV, SITECUSTOMIZE, write_tiny_cifar10
+from tests.runs import run_here
+from tests.tiny_data import write_tiny_cifar10
 
 pytestmark = pytest.mark.e2e
 
@@ -51,37 +49,35 @@ ZOO = [
 ]
 
 
-def test_every_model_trains_three_rounds_with_every_reply_accepted(tmp_path):
+def test_every_model_trains_three_rounds_with_every_reply_accepted(tmp_path, monkeypatch, caplog):
     """Round 2 is where state that crossed a round (the aggregated BatchNorm buffers) is
     checked against the clients' replies; a one-round run cannot see that bug."""
+    import torchvision.datasets as tvd
+
     from tests.tiny_data import write_idx_dataset
 
     data_dir, out = tmp_path / "data", tmp_path / "runs"
     sums = write_tiny_cifar10(data_dir)
     write_idx_dataset(data_dir / "FashionMNIST" / "raw", n_train=80, n_test=30)
-    shim = tmp_path / "shim"
-    shim.mkdir()
-    (shim / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    cifar = tvd.CIFAR10
+    monkeypatch.setattr(cifar, "train_list", [[n, sums[n]] for n, _ in cifar.train_list])
+    monkeypatch.setattr(cifar, "test_list", [[n, sums[n]] for n, _ in cifar.test_list])
+    monkeypatch.setattr(cifar, "meta", {**cifar.meta, "md5": sums[cifar.meta["filename"]]})
     base = {
         "data-dir": str(data_dir), "method": "fedvls", "partition": "dirichlet", "dirichlet-beta": 0.5,
         "num-server-rounds": 3, "local-epochs": 1, "batch-size": 16, "eval-batch-size": 64,
         "augment": True, "amp": True,  # amp is accepted on the CPU and ignored there
         "output-dir": str(out),
     }
-    federation = {"num-supernodes": 2, "client-resources-num-cpus": 1}
-    env = {"PYTHONPATH": str(shim), MD5_ENV: json.dumps({"CIFAR10": sums})}
-    outcomes = {}
-    with LocalSuperLink(tmp_path / "flwr-home", env_extra=env) as link:
-        for model, dataset in ZOO:
-            run_config = {**base, "model": model, "dataset": dataset, "run-name": model}
-            run_id = link.submit(run_config=run_config, federation_config=federation)
-            outcomes[model] = link.wait(run_id, timeout=300)
-        processes = list(link.processes)
-    assert all(p.poll() is not None for p in processes)
+    logs = {}
+    for model, dataset in ZOO:
+        run_config = {**base, "model": model, "dataset": dataset, "run-name": model}
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="flwr"):
+            run_here(run_config, 2)
+        logs[model] = caplog.text
 
     for model, dataset in ZOO:
-        outcome = outcomes[model]
-        assert outcome.completed, f"{model}: run ended {outcome.status}\n{outcome.log[-4000:]}"
         run_dir = out / model
         rounds = read_rounds(run_dir)
         assert [r["round"] for r in rounds] == [0, 1, 2, 3], model
@@ -99,4 +95,4 @@ def test_every_model_trains_three_rounds_with_every_reply_accepted(tmp_path):
     assert summary["config"]["dataset"] == "cifar10" and summary["config"]["augment"] is True
     assert summary["num_train_pool"] == 5 * 24 and summary["num_test"] == 40
     assert (out / "mobilenetv2" / "model_final.npz").stat().st_size > 1_000_000  # ~2.3M parameters
-    assert "round 3/3: accuracy" in outcomes["mobilenetv2"].log
+    assert "round 3/3: accuracy" in logs["mobilenetv2"]

@@ -1,9 +1,10 @@
-"""FedConcat in real Flower runs: 4 rounds that cross the stage boundary (K-means from the
-sites' shared label distributions, per-cluster FedAvg, then the head over the frozen encoders
-that every node keeps in its Context.state), with plain CE and with FedVLS in stage 1, in
-simulation; killed in either stage and resumed, equal to a straight run; and in deployment,
-where every message runs in a fresh ClientApp process, including a SuperNode that joins in
-stage 2 and must be sent the encoders."""
+"""FedConcat end to end: 4 rounds that cross the stage boundary (K-means from the sites'
+shared label distributions, per-cluster FedAvg, then the head over the frozen encoders that
+every node keeps in its Context.state), with plain CE and with FedVLS in stage 1, in
+simulation on the in-process engine; in real Flower processes, killed in either stage and
+resumed, equal to a straight run; and in a Flower deployment, where every message runs in a
+fresh ClientApp process, including a SuperNode that joins in stage 2 and must be sent the
+encoders."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from fedvls_flwr.app.results import MODEL_FILE, load_arrays, read_rounds
 from fedvls_flwr.experiments.report import make_report
 from fedvls_flwr.ops.launch import LocalSuperLink
 from tests.processes import assert_none_left, kill_now, processes_with_home, wait_for_saved_round
-from tests.runs import DIGITS_RUN, deployed
+from tests.runs import DIGITS_RUN, deployed, run_here
 
 pytestmark = pytest.mark.e2e
 
@@ -44,15 +45,8 @@ def test_fedconcat_four_rounds_in_simulation_plain_and_with_fedvls(tmp_path):
     out = tmp_path / "runs"
     runs = {"fedconcat": {"method": "fedavg"}, "fedconcat-fedvls": {"method": "fedvls"},
             "fedconcat-k4": {"method": "fedavg", "fedconcat-clusters": 4}}
-    with LocalSuperLink(tmp_path / "home") as link:
-        outcomes = {
-            name: link.wait(link.submit(run_config={**BASE, **parts, "output-dir": str(out), "run-name": name},
-                                        federation_config={"num-supernodes": 4, "client-resources-num-cpus": 1}),
-                            timeout=400)
-            for name, parts in runs.items()
-        }
-    for name, outcome in outcomes.items():
-        assert outcome.completed, f"{name}: {outcome.status}\n{outcome.log[-3000:]}"
+    for name, parts in runs.items():
+        run_here({**BASE, **parts, "output-dir": str(out), "run-name": name}, 4)
         rounds = check(out / name, 4, k=4 if name.endswith("k4") else 2)
         if name == "fedconcat-fedvls":  # stage 1 trains with FedVLS's terms, stage 2 the head's CE
             assert "train-cal" in rounds[1]["train"] and "train-head-ce" in rounds[3]["train"]
@@ -75,14 +69,13 @@ def test_fedconcat_in_deployment_every_node_keeps_the_encoders(tmp_path, node_en
 
 def test_fedconcat_killed_in_either_stage_resumes_to_the_straight_runs_history(tmp_path):
     """Real processes, killed mid-stage 1 and mid-stage 2: the resumed runs' rounds.jsonl and
-    final model equal an uninterrupted run's bit for bit (deterministic=true)."""
+    final model equal an uninterrupted run's bit for bit (deterministic=true). The uninterrupted
+    run is the reference only, so it runs on the in-process engine, whose rounds and final
+    model equal flwr run's bit for bit (tests/test_e2e_inprocess.py)."""
     cfg = {**BASE, "method": "fedavg", "num-server-rounds": 9, "fedconcat-encoder-rounds": 3, "deterministic": True,
            "run-name": "r"}
     federation = {"num-supernodes": 4, "client-resources-num-cpus": 1}
-    with LocalSuperLink(tmp_path / "home-straight") as link:
-        straight = link.wait(link.submit(run_config={**cfg, "output-dir": str(tmp_path / "straight")},
-                                         federation_config=federation), timeout=400)
-    assert straight.completed, straight.log[-3000:]
+    run_here({**cfg, "output-dir": str(tmp_path / "straight")}, federation["num-supernodes"])
     reference = read_rounds(tmp_path / "straight" / "r")
     for stage, kill_at in ((1, 1), (2, 5)):
         out = tmp_path / f"stage{stage}"
@@ -108,7 +101,7 @@ def test_fedconcat_killed_in_either_stage_resumes_to_the_straight_runs_history(t
             np.testing.assert_array_equal(got[key], want[key])
         print(f"FedConcat killed after round {killed_at} (stage {stage}), resumed: rounds 0-9 and the final model "
               "equal the straight run's")
-    for home in ("home-straight", "home-1a", "home-1b", "home-2a", "home-2b"):
+    for home in ("home-1a", "home-1b", "home-2a", "home-2b"):
         assert_none_left((), tmp_path / home)
 
 

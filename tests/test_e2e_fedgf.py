@@ -1,7 +1,8 @@
-"""FedGF in real Flower simulations of 4 rounds: the perturbed global model and c reach the
-clients from round 2 on (round 1 is FedSAM's), with FedAvg's and FedVLS's objectives; the
-server's FedGF state is checkpointed, so a run stopped after round 2 and resumed equals an
-uninterrupted one bit for bit."""
+"""FedGF in simulations of 4 rounds on the in-process engine (the app's own ServerApp and
+ClientApp; tests/test_e2e_inprocess.py shows FedGF's run there equals `flwr run`'s bit for
+bit): the perturbed global model and c reach the clients from round 2 on (round 1 is
+FedSAM's), with FedAvg's and FedVLS's objectives; the server's FedGF state is checkpointed,
+so a run stopped after round 2 and resumed equals an uninterrupted one bit for bit."""
 
 from __future__ import annotations
 
@@ -9,14 +10,12 @@ import numpy as np
 import pytest
 
 from fedvls_flwr.app.results import CHECKPOINT_FILE, MODEL_FILE, load_arrays, read_rounds
-from fedvls_flwr.ops.launch import LocalSuperLink
-from tests.processes import assert_none_left
-from tests.runs import DIGITS_RUN
+from tests.runs import DIGITS_RUN, run_here
 
 pytestmark = pytest.mark.e2e
 
 BASE = {**DIGITS_RUN, "num-server-rounds": 4, "deterministic": True}
-FEDERATION = {"num-supernodes": 3, "client-resources-num-cpus": 1}
+NODES = 3
 
 
 def metrics(run_dir):
@@ -31,13 +30,8 @@ def test_fedgf_runs_four_rounds_with_fedavg_and_fedvls_objectives(tmp_path):
         "fedgf": {"method": "fedavg", "local-optimizer": "fedgf"},
         "fedvls-fedgf": {"method": "fedvls", "local-optimizer": "fedgf"},
     }
-    with LocalSuperLink(tmp_path / "home") as link:
-        submitted = {name: link.submit(run_config={**BASE, **parts, "output-dir": str(out), "run-name": name},
-                                       federation_config=FEDERATION) for name, parts in runs.items()}
-        outcomes = {name: link.wait(run, timeout=300) for name, run in submitted.items()}
-    assert_none_left((), tmp_path / "home")
-    for name, outcome in outcomes.items():
-        assert outcome.completed, f"{name}: {outcome.status}\n{outcome.log[-3000:]}"
+    for name, parts in runs.items():
+        run_here({**BASE, **parts, "output-dir": str(out), "run-name": name}, NODES)
         rounds = read_rounds(out / name)
         assert [r["round"] for r in rounds] == [0, 1, 2, 3, 4]
         for r in rounds[1:]:
@@ -66,11 +60,8 @@ def test_fedgf_resumed_after_round_2_equals_an_uninterrupted_run(tmp_path):
     straight = {**BASE, "local-optimizer": "fedgf", "output-dir": str(tmp_path / "straight"), "run-name": "r"}
     first = {**straight, "num-server-rounds": 2, "output-dir": str(tmp_path / "resumed")}
     resumed = {**straight, "output-dir": str(tmp_path / "resumed"), "resume": True}
-    with LocalSuperLink(tmp_path / "home") as link:
-        for cfg in (straight, first, resumed):
-            outcome = link.wait(link.submit(run_config=cfg, federation_config=FEDERATION), timeout=300)
-            assert outcome.completed, outcome.log[-3000:]
-    assert_none_left((), tmp_path / "home")
+    for cfg in (straight, first, resumed):
+        run_here(cfg, NODES)
     a, b = tmp_path / "resumed" / "r", tmp_path / "straight" / "r"
     assert [m[0] for m in metrics(a)] == [0, 1, 2, 3, 4]
     assert metrics(a) == metrics(b)

@@ -1,7 +1,9 @@
-"""Failures in real simulations: a raising client, a NaN client, a killed server and resume,
-a run folder moved between two sessions that resumes bit-identically, an invalid run config
-that fails the run with a message naming the key, and an unknown key that Flower's
-SuperLink refuses naming it only in its log."""
+"""Failures in simulations. On the in-process engine (the app's own ServerApp and ClientApp,
+a ClientApp that raises is a failed reply as in Flower's simulation): a raising client, a
+NaN client, and a run folder moved between two sessions that resumes bit-identically.
+Through real `flwr run` processes: a killed server and resume, an invalid run config that
+fails the run with a message naming the key in Flower's log, an unknown key that Flower's
+SuperLink refuses naming it only in its log, and min-nodes above the simulation's nodes."""
 
 import json
 import shutil
@@ -10,23 +12,21 @@ import pytest
 
 from fedvls_flwr.app.results import read_rounds
 from fedvls_flwr.ops.launch import PROJECT_DIR, LocalSuperLink
-from tests.fault_injection import FAULT_ENV, fault_app
+from tests.fault_injection import FAULT_ENV, fault_client_app
 from tests.processes import assert_none_left, kill_now, processes_with_home, wait_for_saved_round
-from tests.runs import DIGITS_RUN
+from tests.runs import DIGITS_RUN, run_here
 
 pytestmark = pytest.mark.e2e
 
 BASE = {**DIGITS_RUN, "method": "fedvls"}
-FEDERATION = {"num-supernodes": 3, "client-resources-num-cpus": 1}
+NODES = 3
+FEDERATION = {"num-supernodes": NODES, "client-resources-num-cpus": 1}
 
 
-def test_raising_and_nan_clients_are_dropped_and_recorded(tmp_path):
-    env = {FAULT_ENV: "raise:1:1,nan:0:2"}
+def test_raising_and_nan_clients_are_dropped_and_recorded(tmp_path, monkeypatch):
+    monkeypatch.setenv(FAULT_ENV, "raise:1:1,nan:0:2")
     cfg = {**BASE, "num-server-rounds": 2, "min-fit-fraction": 0.3, "output-dir": str(tmp_path), "run-name": "faults"}
-    app = fault_app(tmp_path / "app")
-    with LocalSuperLink(tmp_path / "home", env_extra=env) as link:
-        outcome = link.wait(link.submit(app, run_config=cfg, federation_config=FEDERATION), timeout=300)
-    assert outcome.completed, outcome.log[-3000:]
+    run_here(cfg, NODES, client_app=fault_client_app())
     r1, r2 = read_rounds(tmp_path / "faults")[1:]
     assert (r1["clients_accepted"], r1["clients_failed"], r1["clients_rejected"]) == (2, 1, 0)
     assert "injected fault" in r1["failures"][0]["reason"]
@@ -74,15 +74,11 @@ def test_moved_run_folder_resumes_bit_identical_to_an_uninterrupted_run(tmp_path
     straight = {**BASE, "num-server-rounds": n, "output-dir": str(tmp_path / "straight"), "run-name": "r"}
     first = {**straight, "num-server-rounds": 2, "output-dir": str(tmp_path / "disk1")}
     moved = {**straight, "output-dir": str(tmp_path / "disk2"), "resume": True}
-    with LocalSuperLink(tmp_path / "home") as link:
-        for cfg in (straight, first):
-            outcome = link.wait(link.submit(run_config=cfg, federation_config=FEDERATION), timeout=300)
-            assert outcome.completed, outcome.log[-3000:]
-        (tmp_path / "disk2").mkdir()
-        shutil.move(tmp_path / "disk1" / "r", tmp_path / "disk2" / "r")
-        outcome = link.wait(link.submit(run_config=moved, federation_config=FEDERATION), timeout=300)
-        assert outcome.completed, outcome.log[-3000:]
-    assert_none_left((), tmp_path / "home")
+    for cfg in (straight, first):
+        run_here(cfg, NODES)
+    (tmp_path / "disk2").mkdir()
+    shutil.move(tmp_path / "disk1" / "r", tmp_path / "disk2" / "r")
+    run_here(moved, NODES)
 
     def metrics(run_dir):
         return [(r["round"], r["accuracy"], r["loss"], r["per_class_accuracy"]) for r in read_rounds(run_dir)]

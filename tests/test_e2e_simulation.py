@@ -1,4 +1,7 @@
-"""One real `flwr run` simulation end to end: own FLWR_HOME, own ports, every process stopped."""
+"""A real `flwr run` simulation end to end (the README's command: own FLWR_HOME, own ports,
+every process stopped), and the GPU check of clients that Ray gives no GPU; what the app
+computes in a simulation (the synthetic benchmark, partial participation) on the in-process
+engine, the same ServerApp and ClientApp in this process."""
 
 import json
 
@@ -9,6 +12,7 @@ from fedvls_flwr.app.results import read_rounds
 from fedvls_flwr.config.run_config import parse_run_config
 from fedvls_flwr.data.node_data import client_data
 from fedvls_flwr.ops.launch import LocalSuperLink
+from tests.runs import run_here
 
 pytestmark = pytest.mark.e2e
 
@@ -80,9 +84,7 @@ def test_synthetic_benchmark_runs_with_one_client_per_node(tmp_path):
         "method": "fedlc", "num-server-rounds": 2, "local-epochs": 1, "batch-size": 10,
         "fraction-train": 0.5, "output-dir": str(tmp_path / "runs"), "run-name": "synthetic",
     }
-    with LocalSuperLink(tmp_path / "flwr-home") as link:
-        outcome = link.wait(link.submit(run_config=cfg, federation_config={"num-supernodes": 4}), timeout=300)
-    assert outcome.completed, f"run ended {outcome.status}\n{outcome.log[-4000:]}"
+    run_here(cfg, 4)
     rounds = read_rounds(tmp_path / "runs" / "synthetic")
     assert [r["clients_accepted"] for r in rounds[1:]] == [2, 2]
     assert json.loads((tmp_path / "runs" / "synthetic" / "summary.json").read_text())["model"] == "logreg"
@@ -91,14 +93,11 @@ def test_synthetic_benchmark_runs_with_one_client_per_node(tmp_path):
 def test_partial_participation_pairs_runs_of_different_methods(tmp_path):
     """fraction-train < 1: the server asks each node its partition once (a query message)
     and samples by partition id, so two methods with the same seed train the same clients
-    in every round, although Flower gives the nodes other random ids in every run."""
+    in every round, although the nodes get other random ids in every run (as Flower gives them)."""
     base = {"dataset": "digits", "num-server-rounds": 3, "local-epochs": 1, "dirichlet-beta": 0.5,
             "fraction-train": 0.5, "seed": 3, "output-dir": str(tmp_path / "runs")}
-    federation = {"num-supernodes": 6, "client-resources-num-cpus": 1}
-    with LocalSuperLink(tmp_path / "flwr-home") as link:
-        outcomes = [link.wait(link.submit(run_config={**base, "method": m, "run-name": m},
-                                          federation_config=federation), timeout=300) for m in ("fedavg", "fedvls")]
-    assert all(o.completed for o in outcomes), outcomes[-1].log[-3000:]
+    for m in ("fedavg", "fedvls"):
+        run_here({**base, "method": m, "run-name": m}, 6)
     sampled = [[r["sampled_partitions"] for r in read_rounds(tmp_path / "runs" / m)[1:]] for m in ("fedavg", "fedvls")]
     assert sampled[0] == sampled[1]
     assert all(len(s) == 3 and None not in s for s in sampled[0])

@@ -1,7 +1,9 @@
-"""tracking='tensorboard' in a real `flwr run` simulation: TensorBoard's own reader parses the
-event files, which hold rounds.jsonl's numbers; a resumed run continues them, each step once."""
+"""tracking='tensorboard' in a simulation on the in-process engine (the app's own ServerApp and
+ClientApp; the ServerApp's log is this process's): TensorBoard's own reader parses the event
+files, which hold rounds.jsonl's numbers; a resumed run continues them, each step once."""
 
 import json
+import logging
 from collections import Counter
 from pathlib import Path
 
@@ -9,7 +11,7 @@ import pytest
 
 from fedvls_flwr.app.results import read_rounds
 from fedvls_flwr.app.tracking import EVENT_FILES, record_metrics
-from fedvls_flwr.ops.launch import LocalSuperLink
+from tests.runs import run_here
 
 pytestmark = pytest.mark.e2e
 
@@ -33,37 +35,33 @@ def raw_steps(run_dir: Path) -> Counter:
     return seen
 
 
-def test_tensorboard_events_hold_the_rounds_and_a_resumed_run_continues_them(tmp_path):
+def test_tensorboard_events_hold_the_rounds_and_a_resumed_run_continues_them(tmp_path, caplog):
     out = tmp_path / "runs"
     run_config = {
         "dataset": "digits", "method": "fedvls", "num-server-rounds": 3, "local-epochs": 1, "dirichlet-beta": 0.5,
         "output-dir": str(out), "run-name": "tb", "tracking": "tensorboard",
     }
-    federation = {"num-supernodes": 3, "client-resources-num-cpus": 1}
     run_dir = out / "tb"
-    with LocalSuperLink(tmp_path / "flwr-home") as link:
-        first = link.wait(link.submit(run_config=run_config, federation_config=federation), timeout=300)
-        assert first.completed, f"run ended {first.status}\n{first.log[-4000:]}"
-        assert "round 3/3: accuracy" in first.log and "left" in first.log
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        run_here(run_config, 3)
+    assert "round 3/3: accuracy" in caplog.text and "left" in caplog.text
 
-        rounds = read_rounds(run_dir)
-        acc = accumulate(run_dir)
-        accuracy = acc.Scalars("accuracy")
-        assert [e.step for e in accuracy] == [0, 1, 2, 3]
-        assert [e.value for e in accuracy] == pytest.approx([r["accuracy"] for r in rounds], abs=1e-6)
-        loss = acc.Scalars("train/train-loss")
-        assert [e.step for e in loss] == [1, 2, 3]
-        assert [e.value for e in loss] == pytest.approx([r["train"]["train-loss"] for r in rounds[1:]], rel=1e-6)
-        tags = set(acc.Tags()["scalars"])
-        assert set(record_metrics(rounds[3])) <= tags
-        assert {"loss", "train/train-dis", "drift_diversity", "clients_accepted", "seconds",
-                "per_class_accuracy/0", "per_class_accuracy/9"} <= tags
-        assert "config" in json.dumps(acc.Tags())  # the run config as text
+    rounds = read_rounds(run_dir)
+    acc = accumulate(run_dir)
+    accuracy = acc.Scalars("accuracy")
+    assert [e.step for e in accuracy] == [0, 1, 2, 3]
+    assert [e.value for e in accuracy] == pytest.approx([r["accuracy"] for r in rounds], abs=1e-6)
+    loss = acc.Scalars("train/train-loss")
+    assert [e.step for e in loss] == [1, 2, 3]
+    assert [e.value for e in loss] == pytest.approx([r["train"]["train-loss"] for r in rounds[1:]], rel=1e-6)
+    tags = set(acc.Tags()["scalars"])
+    assert set(record_metrics(rounds[3])) <= tags
+    assert {"loss", "train/train-dis", "drift_diversity", "clients_accepted", "seconds",
+            "per_class_accuracy/0", "per_class_accuracy/9"} <= tags
+    assert "config" in json.dumps(acc.Tags())  # the run config as text
 
-        # resume to 4 rounds: the event files are rewritten from rounds.jsonl, then round 4 follows
-        resumed = link.wait(link.submit(run_config={**run_config, "num-server-rounds": 4, "resume": True},
-                                        federation_config=federation), timeout=300)
-    assert resumed.completed, f"run ended {resumed.status}\n{resumed.log[-4000:]}"
+    # resume to 4 rounds: the event files are rewritten from rounds.jsonl, then round 4 follows
+    run_here({**run_config, "num-server-rounds": 4, "resume": True}, 3)
     rounds = read_rounds(run_dir)
     assert [r["round"] for r in rounds] == [0, 1, 2, 3, 4]
     accuracy = accumulate(run_dir).Scalars("accuracy")

@@ -72,52 +72,6 @@ def write_tiny_cifar10(root: Path, per_batch: int = 24, n_test: int = 40, seed: 
     return sums
 
 
-#: Generated CIFAR files in the processes Flower starts (tests/test_e2e_cifar.py says why): a
-#: ``sitecustomize.py`` on their PYTHONPATH that, when ``torchvision.datasets.cifar`` is imported,
-#: replaces the expected md5 sums with those in this environment variable (JSON, {class: {file: md5}}).
-MD5_ENV = "FEDVLS_TEST_CIFAR_MD5"
-
-SITECUSTOMIZE = '''\
-"""Test-only (tests/tiny_data.py): accept generated CIFAR files in Flower's processes."""
-import importlib.abc
-import importlib.machinery
-import json
-import os
-import sys
-
-_MD5 = os.environ.get("%(env)s")
-
-
-def _patch(module):
-    for cls_name, sums in json.loads(_MD5).items():
-        cls = getattr(module, cls_name)
-        cls.train_list = [[n, sums[n]] for n, _ in cls.train_list]
-        cls.test_list = [[n, sums[n]] for n, _ in cls.test_list]
-        cls.meta = {**cls.meta, "md5": sums[cls.meta["filename"]]}
-
-
-class _CifarHook(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != "torchvision.datasets.cifar":
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None:
-            return spec
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            _patch(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-if _MD5:
-    sys.meta_path.insert(0, _CifarHook())
-''' % {"env": MD5_ENV}  # noqa: UP031 - the template holds braces
-
-
 def write_digit_folder(root: Path, classes: list[int], per_class: int = 25) -> None:
     """A node's image folder: the first ``per_class`` of scikit-learn's digits of each class as
     8-bit grayscale PNGs, ``root/<class>/<k>.png``."""
