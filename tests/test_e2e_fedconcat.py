@@ -68,9 +68,9 @@ def test_fedconcat_in_deployment_every_node_keeps_the_encoders(tmp_path, node_en
 
 
 def test_fedconcat_killed_in_either_stage_resumes_to_the_straight_runs_history(tmp_path):
-    """Real processes, killed mid-stage 1 and mid-stage 2: the resumed runs' rounds.jsonl and
-    final model equal an uninterrupted run's bit for bit (deterministic=true). The uninterrupted
-    run is the reference only, so it runs on the in-process engine, whose rounds and final
+    """Real processes (flwr run), killed mid-stage 1 and mid-stage 2: the resumed runs'
+    rounds.jsonl and final model equal an uninterrupted run's bit for bit (deterministic=true).
+    The uninterrupted run and the resumes run on the in-process engine, whose rounds and final
     model equal flwr run's bit for bit (tests/test_e2e_inprocess.py)."""
     cfg = {**BASE, "method": "fedavg", "num-server-rounds": 9, "fedconcat-encoder-rounds": 3, "deterministic": True,
            "run-name": "r"}
@@ -87,10 +87,9 @@ def test_fedconcat_killed_in_either_stage_resumes_to_the_straight_runs_history(t
             killed_at = json.loads((out / "r" / "state.json").read_text())["round"]
         assert (killed_at < 3) if stage == 1 else (3 < killed_at < 9), killed_at
         assert not (out / "r" / "summary.json").exists()
-        with LocalSuperLink(tmp_path / f"home-{stage}b") as link:
-            resumed = link.wait(link.submit(run_config={**cfg, "output-dir": str(out), "resume": True},
-                                            federation_config=federation), timeout=400)
-        assert resumed.completed, resumed.log[-3000:]
+        # what the kill left is read back by a new server: on the in-process engine (the kill,
+        # not the transport, is this test's subject; the engines agree bit for bit)
+        run_here({**cfg, "output-dir": str(out), "resume": True}, federation["num-supernodes"])
         rounds = read_rounds(out / "r")
         keys = ("round", "stage", "accuracy", "loss", "per_class_accuracy")
         assert [[r[k] for k in keys] for r in rounds] == [[r[k] for k in keys] for r in reference]
@@ -101,7 +100,7 @@ def test_fedconcat_killed_in_either_stage_resumes_to_the_straight_runs_history(t
             np.testing.assert_array_equal(got[key], want[key])
         print(f"FedConcat killed after round {killed_at} (stage {stage}), resumed: rounds 0-9 and the final model "
               "equal the straight run's")
-    for home in ("home-1a", "home-1b", "home-2a", "home-2b"):
+    for home in ("home-1a", "home-2a"):
         assert_none_left((), tmp_path / home)
 
 
