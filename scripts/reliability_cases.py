@@ -146,7 +146,7 @@ CASES: tuple[Case, ...] = (
           "--num-supernodes", "10", fast=False),
     check("cuda", "`device='cuda'` (on a machine without CUDA: refused; with one: ok)", "device='cuda'", "--no-data",
           fast=False),
-    check("mobilenetv2-digits", "`model='mobilenetv2'` on digits (8x8 images: its feature map collapses to 1x1; new)",
+    check("mobilenetv2-digits", "`model='mobilenetv2'` on digits (8x8 images: its feature map collapses to 1x1)",
           "model='mobilenetv2'", "--num-supernodes", "4", fast=False),
     # this machine: the output folder and the run folder
     check("output-under-file", "`output-dir` under a file", "output-dir='{tmp}/afile/runs'", "--no-data",
@@ -224,7 +224,7 @@ CASES: tuple[Case, ...] = (
            "min-nodes=3"),
     deploy("deploy-same-partition", "deploy: two SuperNodes given `partition-id=1`", "--nodes", "2",
            "--node-config", "partition-id=1 num-partitions=2", "--node-config", "partition-id=1 num-partitions=2"),
-    # node-local data (deploy local --node-data; new)
+    # node-local data (deploy local --node-data)
     node_data("node-loop", "node data: a symbolic-link loop in a class folder", "loop"),
     node_data("node-stray-class", "node data: a class folder not in --classes", "stray-class"),
     node_data("node-one-class", "node data: a site holding one class only", "one-class"),
@@ -342,14 +342,14 @@ FAULTS: tuple[Fault, ...] = (
           "tests/test_e2e_sweep.py::test_sweep_stopped_by_sigterm_stops_everything_it_started",
           "exit 143; the sweep says it was `stopped by SIGTERM; every process it started has been stopped`, and its "
           "SuperLink, simulation and Ray head are gone"),
-    Fault("fedconcat-late-node", "SuperNode joins FedConcat in stage 2 (deployment; new)",
+    Fault("fedconcat-late-node", "SuperNode joins FedConcat in stage 2 (deployment)",
           "tests/test_e2e_fedconcat.py::test_a_node_that_joins_in_stage_two_gets_the_encoders",
           "it is sent the K encoders and trains the head; no reply fails"),
-    Fault("min-nodes-deployment", "a deployment short of `min-nodes` (fake Grid, no Flower processes; new)",
+    Fault("min-nodes-deployment", "a deployment short of `min-nodes` (fake Grid, no Flower processes)",
           "tests/test_strategy.py::test_a_deployment_short_of_min_nodes_fails_after_min_nodes_timeout_naming_the_partitions",
           "after `min-nodes-timeout` the run fails: `only 3 of min-nodes = 5 SuperNodes connected ...; they say "
           "partition id(s) 0, 2, 3; if the partitions are numbered 0..4, the missing ones are 1, 4`"),
-    Fault("same-partition", "two SuperNodes say the same partition id (fake Grid; new)",
+    Fault("same-partition", "two SuperNodes say the same partition id (fake Grid)",
           "tests/test_strategy.py::test_two_supernodes_of_one_partition_are_not_averaged_twice",
           "the second reply of that partition is rejected in `rounds.jsonl`: `partition 1 is also node 12's: two "
           "SuperNodes were given the same partition-id ...`"),
