@@ -41,11 +41,14 @@ federation:
   client-resources-num-cpus: 1
 """
 FIRST, SECOND = "digits-fedavg-dir0.5-s0", "digits-fedvls-dir0.5-s0"
+# A one-round digits run takes a tenth of a second in-process: runs that are to be interrupted
+# get rounds to be interrupted in (the kill lands within a poll, ~0.1 s, of the signal it waits for).
+ROUNDS_TO_INTERRUPT = 40
 
 
-def write_preset(tmp_path: Path) -> Path:
+def write_preset(tmp_path: Path, rounds: int = 1) -> Path:
     path = tmp_path / "tiny.yaml"
-    path.write_text(PRESET)
+    path.write_text(PRESET.replace("num-server-rounds: 1", f"num-server-rounds: {rounds}"))
     return path
 
 
@@ -117,7 +120,7 @@ def test_tiny_preset_runs_end_to_end_and_its_table_matches_the_summaries(tmp_pat
 def test_sweep_killed_after_its_first_run_resumes_without_rerunning_it(tmp_path):
     """Stronger form: the real command line is killed (its whole process tree) as soon as
     the first run's summary.json appears, then the same preset is run again in-process."""
-    preset_path = write_preset(tmp_path)
+    preset_path = write_preset(tmp_path, rounds=ROUNDS_TO_INTERRUPT)
     out = (tmp_path / "out").resolve()
     flwr_home = out / ".flwr-home"
     first_summary = out / FIRST / "summary.json"
@@ -166,7 +169,7 @@ def test_sweep_killed_after_its_first_run_resumes_without_rerunning_it(tmp_path)
             for p in (out / FIRST).iterdir() if p.is_file()} == first_files
 
     second = json.loads((out / SECOND / "summary.json").read_text())
-    assert second["status"] == "completed" and second["rounds_completed"] == 1
+    assert second["status"] == "completed" and second["rounds_completed"] == ROUNDS_TO_INTERRUPT
     labels = {row["method"] for row in read_csv(out / "report" / "results.csv")}
     assert labels == {"FedAvg", "FedVLS"}
 
@@ -182,9 +185,7 @@ def test_sweep_stopped_by_sigterm_stops_everything_it_started(tmp_path, engine):
     out = (tmp_path / "out").resolve()
     started = out / FIRST / "rounds.jsonl"
     console = tmp_path / "sweep-terminated.log"
-    preset = write_preset(tmp_path)
-    if engine == "inprocess":  # a one-round digits run takes a tenth of a second here: give it rounds to stop in
-        preset.write_text(PRESET.replace("num-server-rounds: 1", "num-server-rounds: 40"))
+    preset = write_preset(tmp_path, rounds=ROUNDS_TO_INTERRUPT if engine == "inprocess" else 1)
     seen: set[int] = set()
     with console.open("wb") as handle:
         proc = subprocess.Popen(
