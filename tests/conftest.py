@@ -14,6 +14,14 @@ from pathlib import Path
 import pytest
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The end-to-end modules first, in their file order; the unit tests after them. CI runs
+    the suite on two workers (pytest-xdist, one module per worker at a time): the long
+    modules start at once and the many short ones fill the end, so no worker sits idle
+    while the other finishes a long module."""
+    items.sort(key=lambda item: item.get_closest_marker("e2e") is None)
+
+
 @pytest.fixture(scope="module")
 def run_identity() -> Iterator[None]:
     """Flower's Message needs a run identity (run, node, task ids), as inside a real app.

@@ -77,10 +77,26 @@ def wait_for_saved_round(run_dir: Path, at_least: int, timeout: float = 300.0,
     pytest.fail(f"round {at_least} never finished\n{explain()}")
 
 
-def kill_now(pids: Iterable[int]) -> None:
-    """SIGKILL, no grace period: the processes die as a crashed machine's would."""
+def saved_round(run_dir: Path) -> int:
+    """The last completed round as a resume sees it: the checkpoint's. state.json is written
+    after the checkpoint, so a kill between the two leaves it one round behind."""
+    from fedvls_flwr.app.results import CHECKPOINT_FILE, load_checkpoint
+
+    done, _ = load_checkpoint(run_dir / CHECKPOINT_FILE)
+    assert done is not None, f"{run_dir / CHECKPOINT_FILE} records no round"
+    return done
+
+
+def kill_now(pids: Iterable[int], timeout: float = 15.0) -> None:
+    """SIGKILL, no grace period: the processes die as a crashed machine's would. Returns once
+    they are gone, so nothing they were writing lands after the caller reads the run folder."""
+    pids = list(pids)
     for pid in pids:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    deadline = time.monotonic() + timeout
+    while (alive := [p for p in pids if is_running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive, f"processes survived SIGKILL: {[cmdline(p) for p in alive]}"

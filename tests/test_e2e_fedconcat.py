@@ -17,8 +17,8 @@ import pytest
 from fedvls_flwr.app.results import MODEL_FILE, load_arrays, read_rounds
 from fedvls_flwr.experiments.report import make_report
 from fedvls_flwr.ops.launch import LocalSuperLink
-from tests.processes import assert_none_left, kill_now, processes_with_home, wait_for_saved_round
-from tests.runs import DIGITS_RUN, deployed, run_here
+from tests.processes import assert_none_left, kill_now, processes_with_home, saved_round, wait_for_saved_round
+from tests.runs import DIGITS_RUN, run_here
 
 pytestmark = pytest.mark.e2e
 
@@ -60,13 +60,6 @@ def test_fedconcat_four_rounds_in_simulation_plain_and_with_fedvls(tmp_path):
     assert all(0 <= float(r["end_accuracy_mean"]) <= 100 for r in stages if r["stage"] == "2")
 
 
-def test_fedconcat_in_deployment_every_node_keeps_the_encoders(tmp_path, node_env):
-    config = {**BASE, "method": "fedavg", "output-dir": str(tmp_path / "runs"), "run-name": "fc",
-              "min-nodes": 2, "round-timeout": 300.0}
-    run_dir = deployed(tmp_path, config, node_env)
-    check(run_dir, 2)
-
-
 def test_fedconcat_killed_in_either_stage_resumes_to_the_straight_runs_history(tmp_path):
     """Real processes (flwr run), killed mid-stage 1 and mid-stage 2: the resumed runs'
     rounds.jsonl and final model equal an uninterrupted run's bit for bit (deterministic=true).
@@ -84,7 +77,7 @@ def test_fedconcat_killed_in_either_stage_resumes_to_the_straight_runs_history(t
             wait_for_saved_round(out / "r", kill_at)
             # no grace period: the fast rounds would finish the run otherwise
             kill_now(processes_with_home(tmp_path / f"home-{stage}a"))
-            killed_at = json.loads((out / "r" / "state.json").read_text())["round"]
+            killed_at = saved_round(out / "r")
         assert (killed_at < 3) if stage == 1 else (3 < killed_at < 9), killed_at
         assert not (out / "r" / "summary.json").exists()
         # what the kill left is read back by a new server: on the in-process engine (the kill,
@@ -105,10 +98,12 @@ def test_fedconcat_killed_in_either_stage_resumes_to_the_straight_runs_history(t
 
 
 def test_a_node_that_joins_in_stage_two_gets_the_encoders(tmp_path, node_env):
-    """Deployment: two SuperNodes (partitions 0 and 1 of 3) are clustered and run stage 1 (2
-    rounds); once a stage-2 round is saved, a third SuperNode (partition 2) starts. It took no
-    part in the clustering or stage 1; from the first stage-2 round that samples it, it trains
-    the head over the K encoders it is sent, and no reply in the run fails or is rejected."""
+    """Deployment: two SuperNodes (partitions 0 and 1 of 3) are clustered by k-means and run
+    stage 1 (2 rounds); every message runs in a fresh ClientApp process, so the head rounds
+    work only if each node kept its encoders in its Context.state. Once a stage-2 round is
+    saved, a third SuperNode (partition 2) starts. It took no part in the clustering or stage
+    1; from the first stage-2 round that samples it, it trains the head over the K encoders it
+    is sent, and no reply in the run fails or is rejected."""
     run_dir = tmp_path / "runs" / "late"
     link = LocalSuperLink(tmp_path / "flwr", simulation=False, env_extra=node_env)
     try:
@@ -132,5 +127,11 @@ def test_a_node_that_joins_in_stage_two_gets_the_encoders(tmp_path, node_env):
     assert all(set(r["sampled_partitions"]) == {0, 1} for r in rounds[1:4])  # before it started
     late = [r for r in rounds[4:] if 2 in r["sampled_partitions"]]
     assert late and all(0.0 <= r["accuracy"] <= 1.0 for r in late), [r["sampled_partitions"] for r in rounds]
+    assert all(r["accuracy"] is None for r in rounds[:3])  # stage 1: K cluster models, nothing to test
+    assert all(0.0 <= r["accuracy"] <= 1.0 for r in rounds[3:])
     about = json.loads((run_dir / "protocol.json").read_text())
+    assert about["assignment_source"] == "k-means" and set(about["assignment"].values()) == {0, 1}
     assert set(about["assignment"]) == {"0", "1"}  # clustered before it joined
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["best_round"] >= 3
+    assert summary["stages"]["1"]["rounds"] == 2 and summary["stages"]["2"]["rounds"] == 4

@@ -13,7 +13,7 @@ import pytest
 from fedvls_flwr.app.results import read_rounds
 from fedvls_flwr.ops.launch import PROJECT_DIR, LocalSuperLink
 from tests.fault_injection import FAULT_ENV, fault_client_app
-from tests.processes import assert_none_left, kill_now, processes_with_home, wait_for_saved_round
+from tests.processes import assert_none_left, kill_now, processes_with_home, saved_round, wait_for_saved_round
 from tests.runs import DIGITS_RUN, run_here
 
 pytestmark = pytest.mark.e2e
@@ -46,7 +46,7 @@ def test_killed_server_resumes_with_every_round_once(tmp_path):
         # simulation with the ServerApp, Ray and its actors) dies mid-run. A graceful stop
         # would give the fast digits rounds time to finish the run before the kill.
         kill_now(processes_with_home(tmp_path / "home1"))
-    killed_at = json.loads((run_dir / "state.json").read_text())["round"]
+    killed_at = saved_round(run_dir)
     assert killed_at < n and not (run_dir / "summary.json").exists()
 
     with LocalSuperLink(tmp_path / "home2") as link:
