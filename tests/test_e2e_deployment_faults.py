@@ -32,7 +32,7 @@ import pytest
 from fedvls_flwr.app.results import read_rounds
 from fedvls_flwr.ops.launch import LocalSuperLink
 from fedvls_flwr.ops.processes import descendants
-from tests.processes import leftovers, processes_with_home, wait_for_saved_round
+from tests.processes import kill_now, leftovers, processes_with_home, wait_for_saved_round
 from tests.runs import DIGITS_RUN
 
 pytestmark = pytest.mark.e2e
@@ -56,11 +56,7 @@ def kill_tree(proc, home: Path) -> None:
     while True:
         victims = {proc.pid, *descendants(proc.pid), *processes_with_home(home)}
         victims.discard(os.getpid())
-        for pid in victims:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        kill_now(victims)
         proc.wait(timeout=10)
         if not processes_with_home(home):
             return
