@@ -37,6 +37,7 @@ from fedvls_flwr.app.results import (
     CONFIG_FILE,
     RESUMABLE_CHANGES,
     STATE_FILE,
+    RunFolderLock,
     RunWriter,
     atomic_write_json,
     holds_run,
@@ -70,8 +71,6 @@ def run_dir_for(cfg: RunConfig) -> Path:
 
 def _resume_point(cfg: RunConfig, run_dir: Path) -> tuple[int, dict | None, list[dict]]:
     """(last completed round, its global arrays, its rounds) of a run folder, or (0, None, [])."""
-    if cfg.resume and (missing := missing_run_folder(run_dir)):
-        raise ConfigError(missing)  # (server_app says it before any heavy import; run_experiment's callers here)
     if not cfg.resume or not holds_run(run_dir):
         if cfg.resume:
             log(WARNING, "resume = true but %s holds no checkpoint; starting from round 1", run_dir)
@@ -105,6 +104,18 @@ def _write_failed(err: OSError, cfg: RunConfig, run_dir: Path, saved_round: int,
     return ResultsWriteError(f"could not write {path}: {err.strerror or err}. {safe}")
 
 
+def _flower_run(grid: Grid) -> str:
+    """How a refused run should name this one, beside its process: the Flower run (``flwr stop``
+    ends it); nothing for the in-process engine, whose command line says it all."""
+    if getattr(grid, "every_node_registered", False):
+        return ""
+    try:
+        run_id = grid.run.run_id
+    except Exception:  # noqa: BLE001 - a Grid that was given no run (a test's): no id to name
+        return ""
+    return f"Flower run {run_id}: flwr stop {run_id} ends it"
+
+
 def run_experiment(grid: Grid, cfg: RunConfig) -> Path:
     """Run every round of ``cfg`` on ``grid``; returns the run folder."""
     return ServerRun(grid, cfg).run()
@@ -127,6 +138,20 @@ class ServerRun:
             log(ERROR, "%s", message)
             raise ConfigError(message)
         self.run_dir = run_dir_for(cfg)
+        if cfg.resume and (missing := missing_run_folder(self.run_dir)):
+            raise ConfigError(missing)  # (server_app says it before any heavy import; run_experiment's callers here)
+        # one run per folder, for the run's life: a second run on it is refused now, naming this one
+        self.lock = RunFolderLock(self.run_dir, what=_flower_run(grid), resume=cfg.resume).acquire()
+        try:
+            self._open(grid, cfg)
+        except BaseException:
+            self.lock.release()
+            raise
+
+    def _open(self, grid: Grid, cfg: RunConfig) -> None:
+        """The folder taken: the resume point, the test set, the model, the result files."""
+        if (stale := self.lock.took_over_note()) is not None:
+            log(WARNING, "%s", stale)
         self.start_round, saved_arrays, saved_rounds = _resume_point(cfg, self.run_dir)
         self.saved_round = self.start_round
         self.bundle = server_test_set(cfg)
@@ -325,6 +350,7 @@ class ServerRun:
         finally:
             if self.tracker is not None:
                 self.tracker.close()
+            self.lock.release()
         log(INFO, "%s run done - best accuracy %s (round %s), final %s; %s", self.label,
             _fmt(summary["best_accuracy"]), summary["best_round"], _fmt(summary["final_accuracy"]), self.run_dir)
         return self.run_dir

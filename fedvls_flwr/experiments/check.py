@@ -58,7 +58,8 @@ def project_defaults(app_dir: Path = PROJECT_DIR) -> dict[str, Any]:
 def check_output_dir(cfg: RunConfig, *, new_ok: bool = False) -> None:
     """``output-dir`` can be created and written on this machine, and the run folder of
     ``run-name`` is free (``resume = false``) or can be resumed (``resume = true``: it must
-    exist, unless ``new_ok`` - a sweep resumes the runs it started and starts the others)."""
+    exist, unless ``new_ok`` - a sweep resumes the runs it started and starts the others),
+    and no run is going on in it now (its lock, :class:`~fedvls_flwr.app.results.RunFolderLock`)."""
     out = cfg.resolved_output_dir()
     existing = out
     while not existing.exists() and existing != existing.parent:
@@ -73,13 +74,15 @@ def check_output_dir(cfg: RunConfig, *, new_ok: bool = False) -> None:
         )
     if not cfg.run_name:
         return
-    from fedvls_flwr.app.results import holds_run, missing_run_folder, read_resume_point
+    from fedvls_flwr.app.results import busy_message, holds_run, lock_holder, missing_run_folder, read_resume_point
 
     run_dir = out / cfg.run_name
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"run config 'run-name' = {cfg.run_name!r}: {run_dir} is a file; choose another run-name")
     if cfg.resume and not new_ok and (missing := missing_run_folder(run_dir)):
         raise ConfigError(missing)
+    if (holder := lock_holder(run_dir)) is not None:  # a run going on in it now (the ServerApp holds its lock)
+        raise ConfigError(busy_message(run_dir, holder, resume=cfg.resume))
     if not holds_run(run_dir):
         return
     if not cfg.resume:

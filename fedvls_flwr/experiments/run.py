@@ -72,11 +72,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for line in notes:
         print(line, file=sys.stderr)
+    from fedvls_flwr.app.results import RunFolderBusy
     from fedvls_flwr.ops.inprocess import run_in_process
 
     try:
         done = run_in_process(overrides, int(federation["num-supernodes"]),
                               client_cpus=float(federation["client-resources-num-cpus"]))
+    except RunFolderBusy as err:  # another run took the folder after the check above: nothing was written
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     except Exception as err:  # noqa: BLE001 - the ServerApp's own message (what is saved, how to go on)
         print(f"error: the run failed: {err}", file=sys.stderr)
         return 1
