@@ -68,8 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS:
         print(f"fedvls: unknown command {command!r}\n\n{usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(COMMANDS[command][0])
-    with stopped_cleanly_on_termination(f"fedvls {command}"):
+    with stopped_cleanly_on_termination(f"fedvls {command}"):  # Ctrl-C during the imports too: one line
+        module = importlib.import_module(COMMANDS[command][0])
         return int(module.main(rest) or 0)
 
 

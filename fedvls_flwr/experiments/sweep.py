@@ -54,7 +54,7 @@ from fedvls_flwr.experiments.preset import (
 from fedvls_flwr.experiments.progress import ProgressView, SweepProgress
 from fedvls_flwr.ops.flower_cli import flower_env
 from fedvls_flwr.ops.launch import LocalSuperLink
-from fedvls_flwr.ops.processes import PortRangeError, parse_port_range
+from fedvls_flwr.ops.processes import PortRangeError, parse_port_range, say_what_is_kept, stop_signal
 from fedvls_flwr.ops.ray_cluster import RayClusterError, RayHead
 
 #: The file a sweep writes into each run folder: the settings the run was started with.
@@ -290,6 +290,25 @@ def _run_in_process(todo: list, planned: list, output_dir: Path, statuses: dict[
             progress.close()
 
 
+def kept_after_stop(preset: Preset, output_dir: Path, argv: list[str]) -> str:
+    """What a stopped sweep keeps (its finished runs, the last saved round of the one going) and
+    the command that continues it (the same one: finished runs are skipped, the others resume)."""
+    from fedvls_flwr.ops.processes import shell_word
+
+    names = [r["run-name"] for r in preset.runs]
+    finished = sum(1 for name in names if _completed(output_dir / name))
+    again = " ".join(["fedvls", "sweep", *map(shell_word, argv)])
+    return (f"{finished} of {len(names)} runs are finished in {output_dir}, and a run stopped midway keeps its "
+            f"saved rounds; to continue (finished runs are skipped, the others resume): {again}")
+
+
+def _completed(run_dir: Path) -> bool:
+    try:
+        return json.loads((run_dir / SUMMARY_FILE).read_text()).get("status") == "completed"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def output_dir_problem(output_dir: Path) -> str | None:
     """Why a sweep cannot write its runs into ``output_dir`` (said before anything starts), or None."""
     existing = output_dir.expanduser()
@@ -391,6 +410,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}. Runs that finished are kept; {fix} and run the same command again to continue.",
               file=sys.stderr)
         return 2
+    except BaseException as stop:  # Ctrl-C, SIGTERM: the command's one line says what is kept
+        if stop_signal(stop) is not None:
+            say_what_is_kept(stop, kept_after_stop(preset, output_dir, sys.argv[1:] if argv is None else argv))
+        raise
     failed = [name for name, status in result["statuses"].items() if "failed" in status or "timeout" in status]
     return 1 if failed else 0
 
