@@ -32,7 +32,12 @@ from fedvls_flwr.algorithms.run_model import build_run_model
 from fedvls_flwr.algorithms.training import evaluate, resolve_device
 from fedvls_flwr.app.events import ROUND_END, emit
 from fedvls_flwr.app.messages import is_simulation, runs_on_ray, to_array_record, to_numpy_dict
-from fedvls_flwr.app.ray_address import check_ray_address, ray_address
+from fedvls_flwr.app.ray_address import (
+    check_ray_address,
+    ray_address,
+    simulation_federation,
+    simulation_room_problem,
+)
 from fedvls_flwr.app.results import (
     CONFIG_FILE,
     RESUMABLE_CHANGES,
@@ -135,6 +140,12 @@ class ServerRun:
             # ray.init returns, and ray.init keeps retrying an address nothing answers (docs/ray-cluster.md)
             message = (f"this simulation was started with {problem}. No round will start: stop this run "
                        "(flwr stop <run-id>), fix RAY_ADDRESS in the SuperLink's environment and submit it again")
+            log(ERROR, "%s", message)
+            raise ConfigError(message)
+        if runs_on_ray(grid) and (federation := simulation_federation()) is not None and (
+                problem := simulation_room_problem(federation)) is not None:
+            # Flower would fail only once round 1 waits for clients ("ActorPool is empty"), with a traceback
+            message = f"{problem}. No round will start: submit the run again with client resources that fit"
             log(ERROR, "%s", message)
             raise ConfigError(message)
         self.run_dir = run_dir_for(cfg)

@@ -22,6 +22,9 @@ can be created and written, that the run folder of ``run-name`` is free (or, wit
 With ``RAY_ADDRESS`` set (a simulation meant to join a running Ray cluster, docs/ray-cluster.md)
 it checks that something answers there and that ``--federation-config`` holds no setting
 ``ray.init`` refuses when joining a cluster (``init-args-num-cpus``, ``init-args-num-gpus``).
+And it checks that the simulated clients fit where they would run (this machine, or that
+cluster's nodes): a ``client-resources-num-gpus`` share where there is no GPU, or more
+``client-resources-num-cpus`` than a node has, would leave Ray without a single client.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedvls_flwr.algorithms.sampling import clients_per_round
-from fedvls_flwr.app.ray_address import check_cluster_settings
+from fedvls_flwr.app.ray_address import check_cluster_settings, simulation_room_problem
 from fedvls_flwr.app.tracking import check_tracking
 from fedvls_flwr.config.args import parse_run_config_args
 from fedvls_flwr.config.federation_config import check_federation_config
@@ -244,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
             num_supernodes = int(federation["num-supernodes"])
         if not args.for_other_machine and (problems := check_cluster_settings(federation)):
             raise ConfigError("; ".join(problems))  # before the data is loaded: a run would not start
+        if not args.for_other_machine and (no_room := simulation_room_problem(federation)):
+            raise ConfigError(no_room)  # a GPU share without a GPU, more CPUs per client than a node has
         cfg = check_run_config(overrides, num_supernodes, data=not args.no_data,
                                this_machine=not args.for_other_machine, warn=warnings, typed=True)
     except (ValueError, FileNotFoundError) as err:
