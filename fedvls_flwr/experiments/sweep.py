@@ -52,10 +52,11 @@ from fedvls_flwr.experiments.preset import (
     split_federation,
 )
 from fedvls_flwr.experiments.progress import ProgressView, SweepProgress
+from fedvls_flwr.ops.app_folder import app_folder
 from fedvls_flwr.ops.flower_cli import flower_env
 from fedvls_flwr.ops.launch import LocalSuperLink
 from fedvls_flwr.ops.processes import PortRangeError, parse_port_range, say_what_is_kept, stop_signal
-from fedvls_flwr.ops.ray_cluster import RayClusterError, RayHead
+from fedvls_flwr.ops.ray_cluster import RayClusterError, RayHead, ray_missing
 
 #: The file a sweep writes into each run folder: the settings the run was started with.
 RUN_FILE = "sweep-run.json"
@@ -223,12 +224,13 @@ def _run_with_flwr(todo: list, planned: list, output_dir: Path, statuses: dict[s
                 log(f"[sweep] one Ray for the whole sweep at {head.address} "
                     f"(started in {time.perf_counter() - t_ray:.1f}s; --no-shared-ray: one per run)")
             link = stack.enter_context(LocalSuperLink(home, port_range=port_range, env_extra=env_extra))
+            app = app_folder(output_dir / ".flwr-app")  # the checkout, or (an installed package) a folder naming it
             for i, (run_config, federation, identity) in enumerate(todo, 1):
                 t0 = time.perf_counter()
                 name = _record_start(output_dir, run_config, federation, identity)
                 log(f"[sweep] ({i}/{len(todo)}) {name} ...")
                 progress.start(i - 1, output_dir / name)
-                run_id = link.submit(run_config=run_config, federation_config=federation)
+                run_id = link.submit(app, run_config=run_config, federation_config=federation)
                 with progress.following():
                     outcome = link.wait(run_id, timeout=timeout)
                 progress.finish(planned[i - 1][1], outcome.status)
@@ -332,6 +334,30 @@ def select_runs(preset: Preset, only: dict[str, Any]) -> Preset:
     return dataclasses.replace(preset, runs=keep)
 
 
+def _seeds(text: str) -> list[int]:
+    """``--seeds 0,1,2``: distinct integers (a seed twice would run one experiment twice)."""
+    try:
+        seeds = [int(s) for s in text.split(",")]
+    except ValueError:
+        raise PresetError(f"--seeds {text!r}: expected comma-separated integers, e.g. 0,1,2") from None
+    if (twice := next((s for s in seeds if seeds.count(s) > 1), None)) is not None:
+        raise PresetError(f"--seeds {text!r}: seed {twice} is given twice (one seed, one run); give each once")
+    return seeds
+
+
+def _seconds_or_zero(text: str) -> float:
+    """An argparse type: a finite number of seconds >= 0."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (e.g. 30)") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text}: give a number of seconds >= 0 (0: a line every round)")
+    return value
+
+
 def _parse_sets(items: list[str], option: str = "--set") -> dict[str, Any]:
     """``KEY=VALUE`` items (several per argument allowed, YAML values); an item without a
     value or without ``=`` is an error naming it (fedvls_flwr.config.args)."""
@@ -355,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", default=[], metavar="KEY=VALUE",
                         help="run only the preset's runs with this setting (repeatable: all must match)")
     parser.add_argument("--dry-run", action="store_true", help="list the runs and exit")
-    parser.add_argument("--progress-every", type=float, default=30.0, metavar="SECONDS",
+    parser.add_argument("--progress-every", type=_seconds_or_zero, default=30.0, metavar="SECONDS",
                         help="when stdout is not a terminal: a progress line per round, at most one per SECONDS "
                              "(0: every round); in a terminal the progress is one live line")
     parser.add_argument("--port-range", metavar="LO-HI",
@@ -380,10 +406,7 @@ def main(argv: list[str] | None = None) -> int:
                      "(or RAY_ADDRESS set) the runs share one SuperLink and run one after another")
     try:
         port_range = parse_port_range(args.port_range)
-        try:
-            seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
-        except ValueError:
-            raise PresetError(f"--seeds {args.seeds!r}: expected comma-separated integers, e.g. 0,1,2") from None
+        seeds = None if args.seeds is None else _seeds(args.seeds)
         preset = load_preset(args.preset, sets=_parse_sets(args.set), seeds=seeds)
         preset = select_runs(preset, _parse_sets(args.only, "--only"))
     except (PresetError, ValueError) as err:
@@ -396,6 +419,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if problem := output_dir_problem(output_dir):
         print(f"error: --output-dir {output_dir}: {problem}", file=sys.stderr)
+        return 2
+    if engine == "flwr" and (missing := ray_missing()) is not None:
+        why = "--engine flwr" if args.engine else "RAY_ADDRESS is set, so the sweep runs on --engine flwr"
+        print(f"error: {why}: every run is a flwr run in Flower's Ray simulation, but {missing}. Install it "
+              "(pip install \"flwr[simulation]\"; scripts/setup.sh does), or run the sweep in-process: "
+              "--engine inprocess", file=sys.stderr)
         return 2
     try:
         result = run_preset(preset, output_dir, timeout=args.timeout, port_range=port_range,
