@@ -52,10 +52,15 @@ PROJECT_DIR = Path(__file__).resolve().parents[2]
 
 
 def project_defaults(app_dir: Path = PROJECT_DIR) -> dict[str, Any]:
-    """``[tool.flwr.app.config]`` of the app's pyproject.toml (what `flwr run` starts from)."""
+    """``[tool.flwr.app.config]`` of the app's pyproject.toml (what `flwr run` starts from); for
+    an installed package, which has no pyproject.toml beside it, the declared defaults that
+    table is generated from (``fedvls config --write``), as the in-process engine fuses them."""
     import tomllib
 
-    return dict(tomllib.loads((Path(app_dir) / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"])
+    pyproject = Path(app_dir) / "pyproject.toml"
+    if not pyproject.is_file():
+        return RunConfig().to_flower()
+    return dict(tomllib.loads(pyproject.read_text())["tool"]["flwr"]["app"]["config"])
 
 
 def check_output_dir(cfg: RunConfig, *, new_ok: bool = False) -> None:
