@@ -121,6 +121,15 @@ def _flower_run(grid: Grid) -> str:
     return f"Flower run {run_id}: flwr stop {run_id} ends it"
 
 
+def engine_of(grid: Grid) -> str:
+    """Which engine runs the clients, as summary.json records it: ``inprocess`` (``fedvls run``, a
+    sweep's default), ``simulation`` (Flower's Ray simulation, ``flwr run``) or ``deployment``
+    (SuperNodes). Deterministic runs compute the same on the first two; a report tells them apart."""
+    if getattr(grid, "every_node_registered", False):
+        return "inprocess"
+    return "simulation" if runs_on_ray(grid) else "deployment"
+
+
 def run_experiment(grid: Grid, cfg: RunConfig) -> Path:
     """Run every round of ``cfg`` on ``grid``; returns the run folder."""
     return ServerRun(grid, cfg).run()
@@ -370,6 +379,7 @@ class ServerRun:
         return {
             "config": self.cfg.to_flower(),
             "run_dir": str(self.run_dir),
+            "engine": engine_of(self.grid),
             "model": model_name(self.cfg),
             "evaluation": self.evaluation,
             "num_train_pool": None if self.bundle is None else int(self.bundle.train_y.shape[0]),
