@@ -3,6 +3,7 @@ that says only what matters), and a run of the installed wheel, which claims no 
 module names (an app folder of a pyproject naming the package's apps)."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +37,10 @@ def test_a_default_run_of_the_clone_logs_no_warning_the_user_cannot_act_on(tmp_p
     assert outcome.completed, outcome.log[-4000:]
     assert "round 30/30: accuracy" in outcome.log
     assert FLOWER_LINE not in outcome.log and RAY_LINE not in outcome.log, outcome.log
+    # nothing of the app's after its last line, nor Flower's actor-termination warnings or empty exit line
+    after = outcome.log.split(" run done - best accuracy ", 1)[1].splitlines()[1:]
+    assert not [line for line in after if "node data" in line or re.search(r"INFO\S*\s*:\s*$", line)], after
+    assert "Manually terminating" not in outcome.log
     assert [r["round"] for r in read_rounds(tmp_path / "runs" / "default")] == list(range(31))
 
 
