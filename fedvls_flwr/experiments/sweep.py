@@ -375,7 +375,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("preset", help="a YAML preset, e.g. conf/table1-mnist10k.yaml")
     parser.add_argument("--output-dir", "-o", help="where runs and the report go (default: ~/fedvls-runs/<preset name>)")
     parser.add_argument("--seeds", help="comma-separated seeds, replacing the preset's")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a run-config key in every run")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a run-config key in every run; repeatable, and one --set may hold several "
+                             "items ('lr=0.05 local-epochs=1'); each key once")
     parser.add_argument("--timeout", type=seconds, default=3600.0, metavar="SECONDS",
                         help="seconds per run before it is stopped (default: %(default)g)")
     parser.add_argument("--only", action="append", default=[], metavar="KEY=VALUE",
@@ -385,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="when stdout is not a terminal: a progress line per round, at most one per SECONDS "
                              "(0: every round); in a terminal the progress is one live line")
     parser.add_argument("--port-range", metavar="LO-HI",
-                        help="take the SuperLink's port from LO-HI (shared hosts, firewalls); "
+                        help="--engine flwr only: take the SuperLink's port from LO-HI (shared hosts, firewalls); "
                              "Ray picks its own internal ports")
     parser.add_argument("--engine", choices=("inprocess", "flwr"),
                         help="inprocess (the default on one machine): every run in worker processes that start "
@@ -401,6 +403,9 @@ def main(argv: list[str] | None = None) -> int:
     engine = args.engine or ("flwr" if ray_address() is not None else "inprocess")
     if args.parallel < 1:
         parser.error(f"--parallel {args.parallel}: give the number of runs at once, 1 or more")
+    if args.port_range and engine != "flwr":
+        parser.error("--port-range is the SuperLink's port range, for --engine flwr; the in-process engine "
+                     "(the default without RAY_ADDRESS) opens no port")
     if args.parallel > 1 and engine != "inprocess":
         parser.error("--parallel runs several runs at once on the in-process engine; with --engine flwr "
                      "(or RAY_ADDRESS set) the runs share one SuperLink and run one after another")
