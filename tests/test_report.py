@@ -155,6 +155,10 @@ def test_a_seed_run_again_on_another_engine_is_counted_once_and_named(tmp_path: 
     assert t.notes == [f"[mnist10k, dirichlet, 0.05, FedAvg] seed 0 has 3 runs: counted once, {tmp_path / 'a-inprocess'} "
                        f"(inprocess); left out: {tmp_path / 'b-simulation'} (simulation); {tmp_path / 'c-old'} "
                        "(engine not recorded)"]
+    notes: list[str] = []
+    make_report(tmp_path, tmp_path / "report", notes=notes)  # what `fedvls report` says as a warning
+    assert notes == t.notes
+    assert "2 seeds per cell" in (tmp_path / "report" / "results.md").read_text()
 
 
 def test_best_and_final_from_rounds_when_summary_lacks_them(tmp_path: Path):

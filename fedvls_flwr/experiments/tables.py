@@ -88,6 +88,8 @@ class ReportTable:
     col_values: list[tuple]
     cells: dict[tuple[tuple, tuple], Cell]
     notes: list[str] = field(default_factory=list)
+    #: runs left out because their cell already holds their seed (also in ``notes``, said by the report)
+    repeated: dict[Path, str] = field(default_factory=dict)
 
     def cell(self, row: Sequence[Any], col: Sequence[Any]) -> Cell | None:
         return self.cells.get((tuple(row), tuple(col)))
@@ -186,12 +188,15 @@ def table(
         cell.final_values.append(final if final is not None else math.nan)
         cell.run_paths.append(run.path)
         members.setdefault((row, col), []).append(run)
+    left_out: dict[Path, str] = {}
     for (row, col, seed), again in repeated.items():
         where = ", ".join(_fmt_value(v) for v in row + col)
         kept = next(r for r in members[(row, col)] if str(r.seed) == seed)
         others = "; ".join(f"{r.path} ({_engine(r)})" for r in again)
-        notes.append(f"[{where}] seed {seed} has {len(again) + 1} runs: counted once, {kept.path} ({_engine(kept)}); "
-                     f"left out: {others}")
+        note = (f"[{where}] seed {seed} has {len(again) + 1} runs: counted once, {kept.path} ({_engine(kept)}); "
+                f"left out: {others}")
+        notes.append(note)
+        left_out.update((r.path, note) for r in again)
     for row, col in cells:
         where = ", ".join(_fmt_value(v) for v in row + col)
         mixed = _mixed_settings(members[(row, col)], set(rows) | set(cols)) if members[(row, col)] else []
@@ -204,6 +209,7 @@ def table(
         col_values=sorted(col_sort, key=col_sort.__getitem__),
         cells=cells,
         notes=notes,
+        repeated=left_out,
     )
 
 
