@@ -427,12 +427,12 @@ FAULTS: tuple[Fault, ...] = (
           "a share of a GPU, but this machine has no GPU ...` (not Flower's `ActorPool is empty` traceback)"),
     Fault("ctrl-c-run", "Ctrl-C (SIGINT to the process group) in `fedvls run` after a saved round",
           "tests/test_e2e_sweep.py::test_ctrl_c_stops_fedvls_run_with_one_line_and_its_command_continues_the_run",
-          "exit 130, no traceback, one line: `fedvls run: stopped by Ctrl-C (SIGINT); rounds 1-N are saved in ...; to "
-          "continue after round N: fedvls run ...`; that command, pasted, completes the run, every round once"),
+          "exit 130, no traceback, one line: `stopped by Ctrl-C (SIGINT); rounds 1-N are saved in ...; to "
+          "continue after round N: <the fedvls run command>`; that command, pasted, completes the run, every round once"),
     Fault("ctrl-c-sweep", "Ctrl-C (SIGINT to the process group) in `fedvls sweep` mid-run",
           "tests/test_e2e_sweep.py::test_ctrl_c_stops_a_sweep_with_one_line_saying_what_is_kept",
-          "exit 130, no traceback, one line: `fedvls sweep: stopped by Ctrl-C (SIGINT); 0 of 2 runs are finished in "
-          "...; to continue ...: fedvls sweep ...`; its worker is gone"),
+          "exit 130, no traceback, one line: `stopped by Ctrl-C (SIGINT); 0 of 2 runs are finished in "
+          "...; to continue ...: <the same fedvls sweep command>`; its worker is gone"),
     Fault("installed-wheel", "`fedvls check`, `run` and `sweep` from the installed wheel, outside the source tree",
           "tests/test_e2e_entry_points.py::test_the_installed_wheel_checks_runs_and_sweeps_from_another_folder",
           "each works (exit 0) with the declared defaults; the package imported is the installed one"),
