@@ -114,7 +114,7 @@ def room_problem(federation: Mapping[str, Any], nodes: Sequence[NodeRoom], where
     cpus, gpus = client_ask(federation)
     if clients_at_once(federation, nodes) > 0:
         return None
-    ray = ("Ray would start no client: the run would stop after its start-up with Flower's \"ActorPool is "
+    ray = ("Ray would start no client, and the run would stop after its start-up with Flower's \"ActorPool is "
            "empty\"")
     if engine == "inprocess":
         ray = "flwr run would start no client (Flower's \"ActorPool is empty\"), and fedvls run refuses it the same way"
