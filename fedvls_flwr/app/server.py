@@ -109,14 +109,11 @@ def _write_failed(err: OSError, cfg: RunConfig, run_dir: Path, saved_round: int,
     return ResultsWriteError(f"could not write {path}: {err.strerror or err}. {safe}")
 
 
-def _flower_run(grid: Grid) -> str:
+def _flower_run(grid: Grid, run_id: int | None) -> str:
     """How a refused run should name this one, beside its process: the Flower run (``flwr stop``
-    ends it); nothing for the in-process engine, whose command line says it all."""
-    if getattr(grid, "every_node_registered", False):
-        return ""
-    try:
-        run_id = grid.run.run_id
-    except Exception:  # noqa: BLE001 - a Grid that was given no run (a test's): no id to name
+    ends it); nothing for the in-process engine, whose command line says it all. (The grid's
+    class is asked, not the grid: nothing of the grid is used before the config is judged.)"""
+    if run_id is None or getattr(type(grid), "every_node_registered", False):
         return ""
     return f"Flower run {run_id}: flwr stop {run_id} ends it"
 
@@ -130,9 +127,10 @@ def engine_of(grid: Grid) -> str:
     return "simulation" if runs_on_ray(grid) else "deployment"
 
 
-def run_experiment(grid: Grid, cfg: RunConfig) -> Path:
-    """Run every round of ``cfg`` on ``grid``; returns the run folder."""
-    return ServerRun(grid, cfg).run()
+def run_experiment(grid: Grid, cfg: RunConfig, run_id: int | None = None) -> Path:
+    """Run every round of ``cfg`` on ``grid``; returns the run folder. ``run_id``: Flower's id of
+    the run (the ServerApp's Context has it), named to a run refused on the same folder."""
+    return ServerRun(grid, cfg, run_id).run()
 
 
 class ServerRun:
@@ -140,7 +138,7 @@ class ServerRun:
     and what is saved after each. ``saved_round`` is the last round whose checkpoint, rounds
     and state are all on disk: every message about a failure is built from it."""
 
-    def __init__(self, grid: Grid, cfg: RunConfig) -> None:
+    def __init__(self, grid: Grid, cfg: RunConfig, run_id: int | None = None) -> None:
         self.t_start = time.perf_counter()
         self.grid, self.cfg = grid, cfg
         check_tracking(cfg)  # a missing tracker package: said before the dataset or a round
@@ -161,7 +159,7 @@ class ServerRun:
         if cfg.resume and (missing := missing_run_folder(self.run_dir)):
             raise ConfigError(missing)  # (server_app says it before any heavy import; run_experiment's callers here)
         # one run per folder, for the run's life: a second run on it is refused now, naming this one
-        self.lock = RunFolderLock(self.run_dir, what=_flower_run(grid), resume=cfg.resume).acquire()
+        self.lock = RunFolderLock(self.run_dir, what=_flower_run(grid, run_id), resume=cfg.resume).acquire()
         try:
             self._open(grid, cfg)
         except BaseException:

@@ -28,6 +28,6 @@ def main(grid: Grid, context: Context) -> None:
     check_resume_target(cfg)  # resume=true of a run folder that does not exist: said now, not a silent new run
     from fedvls_flwr.app.server import run_experiment
 
-    run_dir = run_experiment(grid, cfg)
+    run_dir = run_experiment(grid, cfg, context.run_id)
     # what the ServerApp leaves in its Context: where the run went (read by the in-process engine)
     context.state[RUN_RECORD] = ConfigRecord({"run-dir": str(run_dir)})

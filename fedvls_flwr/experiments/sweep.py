@@ -404,8 +404,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.parallel < 1:
         parser.error(f"--parallel {args.parallel}: give the number of runs at once, 1 or more")
     if args.port_range and engine != "flwr":
-        parser.error("--port-range is the SuperLink's port range, for --engine flwr; the in-process engine "
-                     "(the default without RAY_ADDRESS) opens no port")
+        print("note: --port-range is the SuperLink's port range, for --engine flwr; the in-process engine (the "
+              "default without RAY_ADDRESS) opens no port and ignores it", file=sys.stderr)
     if args.parallel > 1 and engine != "inprocess":
         parser.error("--parallel runs several runs at once on the in-process engine; with --engine flwr "
                      "(or RAY_ADDRESS set) the runs share one SuperLink and run one after another")
