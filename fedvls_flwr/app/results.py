@@ -4,16 +4,25 @@ Every file is replaced atomically (write a temporary file, fsync, rename), so a 
 leaves the previous complete version, never half a file. A failed write (a full disk)
 raises OSError naming the file it was writing.
 
+A run folder has one owner: :class:`RunFolderLock` (``run.lock``), held by the ServerApp
+for the run's life on every engine, so a second run on the same folder is refused at once,
+naming the run that holds it.
+
 :func:`read_resume_point` reads what ``resume = true`` continues from, and says which
 file is damaged and what to do when the folder cannot be resumed as it is.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import math
 import os
+import socket
+import sys
 import tempfile
+import time
 import zipfile
 from collections import Counter
 from dataclasses import dataclass, field
@@ -49,6 +58,10 @@ RESUMABLE_CHANGES = frozenset({
 
 class RunFolderError(ValueError):
     """A run folder that cannot be resumed as it is; the message names the file and what to do."""
+
+
+class RunFolderBusy(RunFolderError):
+    """Another run holds the run folder (its :class:`RunFolderLock`); the message names it."""
 
 
 def _jsonable(value: Any) -> Any:
@@ -420,3 +433,213 @@ def read_resume_point(run_dir: Path, config: dict[str, Any]) -> ResumePoint:
     if later:
         notes.append(f"{ROUNDS_FILE} round(s) {later} came after the checkpoint's round {done} and are run again")
     return ResumePoint(done, arrays, [{k: v for k, v in r.items() if k != "_line"} for r in kept], notes)
+
+
+# ---------------------------------------------------------------------------------------
+# one run per run folder
+# ---------------------------------------------------------------------------------------
+LOCK_FILE = "run.lock"
+
+
+@dataclass(frozen=True)
+class LockHolder:
+    """Who holds a run folder, as its lock file says: enough to find the process and stop it."""
+
+    pid: int
+    host: str
+    started: str  # UTC, "2026-11-27 17:40:03 UTC"
+    command: str
+
+    def describe(self) -> str:
+        return f"pid {self.pid} on host {self.host}, started {self.started}, command: {self.command}"
+
+    def on_this_host(self) -> bool:
+        return self.host == socket.gethostname()
+
+    def gone(self) -> bool:
+        """Whether the holder is known to have ended: a process of this host that no longer runs.
+        A holder on another host cannot be seen from here: never called gone."""
+        return self.on_this_host() and not _pid_alive(self.pid)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    try:  # a zombie (ended, not yet reaped by its parent) holds nothing
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _this_command() -> str:
+    """This process's command line, arguments holding spaces in double quotes (cut to 300 characters)."""
+    try:
+        args = [a.decode(errors="replace") for a in Path("/proc/self/cmdline").read_bytes().split(b"\0") if a]
+    except OSError:
+        args = [sys.executable, *sys.argv]
+    text = " ".join(f'"{a}"' if not a or any(c.isspace() for c in a) else a for a in args) or "?"
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def read_lock_holder(run_dir: Path) -> LockHolder | None:
+    """What ``run.lock`` of ``run_dir`` says (None: no lock file, or one that names nobody)."""
+    try:
+        data = json.loads((Path(run_dir) / LOCK_FILE).read_text())
+        return LockHolder(int(data["pid"]), str(data["host"]), str(data["started"]), str(data["command"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _flock(fd: int) -> bool | None:
+    """Try to lock ``fd`` exclusively: True taken, False held by another process, None when the
+    filesystem cannot lock (some network or FUSE filesystems)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    except OSError as err:
+        if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return False
+        if err.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            return None
+        raise
+
+
+def lock_holder(run_dir: Path) -> LockHolder | None:
+    """The run that holds ``run_dir`` now, without taking it (``fedvls check``, a sweep's plan);
+    None when the folder is free or its lock was left by a run that ended."""
+    path = Path(run_dir) / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        taken = _flock(fd)
+        if taken:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        holder = read_lock_holder(run_dir)
+        if taken is None and (holder is None or holder.gone()):
+            return None
+        return holder or LockHolder(0, "?", "?", "? (run.lock names nobody)")
+    finally:
+        os.close(fd)
+
+
+def busy_message(run_dir: Path, holder: LockHolder | None, resume: bool = False, unlockable: bool = False) -> str:
+    """The refusal of a run whose folder ``holder`` holds: who it is and what to do."""
+    path = Path(run_dir) / LOCK_FILE
+    who = holder.describe() if holder is not None else "a process that has not yet written its name"
+    if holder is not None and not holder.on_this_host():
+        fix = (f"wait for it to end, or stop it on {holder.host} (kill {holder.pid}); if that run is no "
+               f"longer going (its machine stopped), delete {path}")
+    elif holder is not None:
+        fix = f"wait for it to end, or stop it (kill {holder.pid}: what it saved is kept)"
+    else:
+        fix = "wait for it to end"
+    if unlockable:
+        fix += " (this filesystem cannot lock files: the lock file's content decides)"
+    if resume:
+        return (f"resume: the run in {run_dir} is still going ({who}); resume it once it has stopped: {fix}. "
+                "One run folder, one run")
+    return (f"run folder {run_dir} is in use by another run ({who}); {fix}; or give this run another "
+            "run-name / output-dir. One run folder, one run")
+
+
+class RunFolderLock:
+    """One run per run folder, for the run's life: ``run.lock`` in the folder, locked with
+    ``flock`` and naming its holder (pid, host, start time, command).
+
+    ``flock`` is released by the kernel when the process ends, however it ends (SIGKILL, a
+    crash): a lock file left behind is recognised as stale because it can be locked again, and
+    taken over with a note (``took_over``) naming the run that left it. On a shared filesystem
+    (NFS) ``flock`` is a lock the server keeps for every host that mounts it, so a run on another
+    host is refused too. Where the filesystem cannot lock at all, the file's own content
+    decides: a holder on this host that no longer runs is taken over; one on another host is
+    refused, with how to clear it if that run is gone (its host cannot be asked from here).
+
+    ``RunFolderLock.last_taken``: the run folder this process locked last (what an interrupted
+    ``fedvls run`` names as kept).
+    """
+
+    last_taken: Path | None = None
+
+    def __init__(self, run_dir: Path, what: str = "", resume: bool = False) -> None:
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOCK_FILE
+        self.what = what  # e.g. "Flower run 123": said with the command to whoever is refused
+        self.resume = resume  # the refusal then says that the run to resume is still going
+        self.took_over: LockHolder | None = None
+        self._fd: int | None = None
+        self._made_folder = False
+
+    def acquire(self) -> RunFolderLock:
+        """Take the folder, or raise :class:`RunFolderBusy` naming the run that holds it."""
+        self._made_folder = not self.run_dir.exists()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        refused = 0
+        for _ in range(40):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            taken = _flock(fd)
+            if taken is False:
+                os.close(fd)
+                refused += 1
+                if refused < 10:  # a probe (lock_holder) holds it for microseconds; a run, for its life
+                    time.sleep(0.05)
+                    continue
+                raise RunFolderBusy(busy_message(self.run_dir, read_lock_holder(self.run_dir), self.resume))
+            try:
+                same_file = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same_file = False
+            if not same_file:  # released and removed by its holder after we opened it: open the new one
+                os.close(fd)
+                continue
+            previous = read_lock_holder(self.run_dir)
+            if taken is None and previous is not None and not previous.gone() and previous.pid != os.getpid():
+                os.close(fd)
+                raise RunFolderBusy(busy_message(self.run_dir, previous, self.resume, unlockable=True))
+            self.took_over = previous if previous is not None and previous.pid != os.getpid() else None
+            started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+            command = _this_command() + (f" ({self.what})" if self.what else "")
+            record = {"pid": os.getpid(), "host": socket.gethostname(), "started": started, "command": command}
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+            os.fsync(fd)
+            self._fd = fd
+            RunFolderLock.last_taken = self.run_dir
+            return self
+        raise RunFolderBusy(f"run folder {self.run_dir}: {self.path} keeps being replaced by other runs; "
+                            "stop them first")
+
+    def took_over_note(self) -> str | None:
+        """What to log when the lock was left by a run that ended without releasing it."""
+        if self.took_over is None:
+            return None
+        return (f"run folder {self.run_dir}: took over the lock left by a run that no longer runs "
+                f"({self.took_over.describe()}); it was stopped without releasing the folder (killed?)")
+
+    def release(self) -> None:
+        """Remove the lock file and let go (the file goes first: whoever opened it meanwhile sees
+        it replaced and starts over)."""
+        if self._fd is None:
+            return
+        try:
+            self.path.unlink(missing_ok=True)
+            if self._made_folder:  # a run that stopped before writing anything leaves no empty folder
+                self.run_dir.rmdir()
+        except OSError:  # not empty: the run's files stay
+            pass
+        os.close(self._fd)
+        self._fd = None
+
+    def __enter__(self) -> RunFolderLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

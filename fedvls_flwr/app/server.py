@@ -32,11 +32,17 @@ from fedvls_flwr.algorithms.run_model import build_run_model
 from fedvls_flwr.algorithms.training import evaluate, resolve_device
 from fedvls_flwr.app.events import ROUND_END, emit
 from fedvls_flwr.app.messages import is_simulation, runs_on_ray, to_array_record, to_numpy_dict
-from fedvls_flwr.app.ray_address import check_ray_address, ray_address
+from fedvls_flwr.app.ray_address import (
+    check_ray_address,
+    ray_address,
+    simulation_federation,
+    simulation_room_problem,
+)
 from fedvls_flwr.app.results import (
     CONFIG_FILE,
     RESUMABLE_CHANGES,
     STATE_FILE,
+    RunFolderLock,
     RunWriter,
     atomic_write_json,
     holds_run,
@@ -70,8 +76,6 @@ def run_dir_for(cfg: RunConfig) -> Path:
 
 def _resume_point(cfg: RunConfig, run_dir: Path) -> tuple[int, dict | None, list[dict]]:
     """(last completed round, its global arrays, its rounds) of a run folder, or (0, None, [])."""
-    if cfg.resume and (missing := missing_run_folder(run_dir)):
-        raise ConfigError(missing)  # (server_app says it before any heavy import; run_experiment's callers here)
     if not cfg.resume or not holds_run(run_dir):
         if cfg.resume:
             log(WARNING, "resume = true but %s holds no checkpoint; starting from round 1", run_dir)
@@ -105,9 +109,28 @@ def _write_failed(err: OSError, cfg: RunConfig, run_dir: Path, saved_round: int,
     return ResultsWriteError(f"could not write {path}: {err.strerror or err}. {safe}")
 
 
-def run_experiment(grid: Grid, cfg: RunConfig) -> Path:
-    """Run every round of ``cfg`` on ``grid``; returns the run folder."""
-    return ServerRun(grid, cfg).run()
+def _flower_run(grid: Grid, run_id: int | None) -> str:
+    """How a refused run should name this one, beside its process: the Flower run (``flwr stop``
+    ends it); nothing for the in-process engine, whose command line says it all. (The grid's
+    class is asked, not the grid: nothing of the grid is used before the config is judged.)"""
+    if run_id is None or getattr(type(grid), "every_node_registered", False):
+        return ""
+    return f"Flower run {run_id}: flwr stop {run_id} ends it"
+
+
+def engine_of(grid: Grid) -> str:
+    """Which engine runs the clients, as summary.json records it: ``inprocess`` (``fedvls run``, a
+    sweep's default), ``simulation`` (Flower's Ray simulation, ``flwr run``) or ``deployment``
+    (SuperNodes). Deterministic runs compute the same on the first two; a report tells them apart."""
+    if getattr(grid, "every_node_registered", False):
+        return "inprocess"
+    return "simulation" if runs_on_ray(grid) else "deployment"
+
+
+def run_experiment(grid: Grid, cfg: RunConfig, run_id: int | None = None) -> Path:
+    """Run every round of ``cfg`` on ``grid``; returns the run folder. ``run_id``: Flower's id of
+    the run (the ServerApp's Context has it), named to a run refused on the same folder."""
+    return ServerRun(grid, cfg, run_id).run()
 
 
 class ServerRun:
@@ -115,7 +138,7 @@ class ServerRun:
     and what is saved after each. ``saved_round`` is the last round whose checkpoint, rounds
     and state are all on disk: every message about a failure is built from it."""
 
-    def __init__(self, grid: Grid, cfg: RunConfig) -> None:
+    def __init__(self, grid: Grid, cfg: RunConfig, run_id: int | None = None) -> None:
         self.t_start = time.perf_counter()
         self.grid, self.cfg = grid, cfg
         check_tracking(cfg)  # a missing tracker package: said before the dataset or a round
@@ -126,7 +149,27 @@ class ServerRun:
                        "(flwr stop <run-id>), fix RAY_ADDRESS in the SuperLink's environment and submit it again")
             log(ERROR, "%s", message)
             raise ConfigError(message)
+        if runs_on_ray(grid) and (federation := simulation_federation()) is not None and (
+                problem := simulation_room_problem(federation)) is not None:
+            # Flower would fail only once round 1 waits for clients ("ActorPool is empty"), with a traceback
+            message = f"{problem}. No round will start: submit the run again with client resources that fit"
+            log(ERROR, "%s", message)
+            raise ConfigError(message)
         self.run_dir = run_dir_for(cfg)
+        if cfg.resume and (missing := missing_run_folder(self.run_dir)):
+            raise ConfigError(missing)  # (server_app says it before any heavy import; run_experiment's callers here)
+        # one run per folder, for the run's life: a second run on it is refused now, naming this one
+        self.lock = RunFolderLock(self.run_dir, what=_flower_run(grid, run_id), resume=cfg.resume).acquire()
+        try:
+            self._open(grid, cfg)
+        except BaseException:
+            self.lock.release()
+            raise
+
+    def _open(self, grid: Grid, cfg: RunConfig) -> None:
+        """The folder taken: the resume point, the test set, the model, the result files."""
+        if (stale := self.lock.took_over_note()) is not None:
+            log(WARNING, "%s", stale)
         self.start_round, saved_arrays, saved_rounds = _resume_point(cfg, self.run_dir)
         self.saved_round = self.start_round
         self.bundle = server_test_set(cfg)
@@ -325,6 +368,7 @@ class ServerRun:
         finally:
             if self.tracker is not None:
                 self.tracker.close()
+            self.lock.release()
         log(INFO, "%s run done - best accuracy %s (round %s), final %s; %s", self.label,
             _fmt(summary["best_accuracy"]), summary["best_round"], _fmt(summary["final_accuracy"]), self.run_dir)
         return self.run_dir
@@ -333,6 +377,7 @@ class ServerRun:
         return {
             "config": self.cfg.to_flower(),
             "run_dir": str(self.run_dir),
+            "engine": engine_of(self.grid),
             "model": model_name(self.cfg),
             "evaluation": self.evaluation,
             "num_train_pool": None if self.bundle is None else int(self.bundle.train_y.shape[0]),
