@@ -52,6 +52,29 @@ def manifold_reshaping_term(h: Tensor, y: Tensor, num_classes: int) -> Tensor:
     return off_sum / (d * (d - 1)) / total.clamp(min=1)
 
 
+def manifold_reshaping_term_fixed(h: Tensor, y: Tensor, num_classes: int) -> Tensor:
+    """:func:`manifold_reshaping_term` in fixed shapes, without reading the class counts back
+    to the host (a CUDA graph's step): the off-diagonal sum of squares of every G_c as the sum
+    over same-class pairs of samples of (z_a . z_b)^2 (||Z_c^T Z_c||_F = ||Z_c Z_c^T||_F) minus
+    the squared diagonals, both in float64, where the difference of the two large sums that
+    cancels badly in float32 (module docstring) keeps about nine more digits."""
+    n, d = h.shape
+    if d <= 1:
+        return h.new_zeros(())
+    onehot = F.one_hot(y, num_classes).to(h.dtype)
+    counts = onehot.sum(dim=0)
+    counted = (counts >= 2).to(h.dtype)
+    mean = (onehot.T @ h) / counts.clamp(min=1).unsqueeze(1)
+    centered = h - mean[y]
+    var = (onehot.T @ centered.square()) / (counts - 1).clamp(min=1).unsqueeze(1)
+    z = (centered / torch.sqrt(var[y] + MR_EPS) * counted[y].unsqueeze(1)).double()
+    same_class = (y[:, None] == y[None, :]).double()
+    whole = ((z @ z.T).square() * same_class).sum()
+    diagonal = (onehot.double().T @ z.square()).square().sum()
+    total = (counts * counted).sum()
+    return ((whole - diagonal) / (d * (d - 1))).to(h.dtype) / total.clamp(min=1)
+
+
 class FedMRObjective(Objective):
     """CE + deco * R (intra-class decorrelation of the penultimate features)."""
 
@@ -69,5 +92,6 @@ class FedMRObjective(Objective):
         ce = F.cross_entropy(logits, targets)
         if self.deco == 0.0:
             return {"ce": ce, "deco": logits.new_zeros(())}  # FedAvg exactly: no extra op in the graph
-        r = manifold_reshaping_term(as_float(features).flatten(1), targets, self.num_classes)
+        term = manifold_reshaping_term_fixed if self.fixed_shapes else manifold_reshaping_term
+        r = term(as_float(features).flatten(1), targets, self.num_classes)
         return {"ce": ce, "deco": self.deco * r}
