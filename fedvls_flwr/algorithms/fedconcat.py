@@ -126,9 +126,8 @@ class ConcatModel(nn.Module):
 
     def _keep(self, source: torch.Tensor, key: tuple[Any, ...], features: torch.Tensor) -> None:
         full = (id(source), *key)
-        old = self._kept.pop(full, None)
-        if old is not None:
-            self._kept_bytes -= old[2].nbytes
+        for stale in [k for k, (ref, _, _) in self._kept.items() if k == full or ref() is None]:
+            self._kept_bytes -= self._kept.pop(stale)[2].nbytes
         if self._kept_bytes + features.nbytes <= FEATURE_BYTES:
             self._kept[full] = (weakref.ref(source), source._version, features)
             self._kept_bytes += features.nbytes
