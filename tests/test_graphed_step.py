@@ -125,7 +125,7 @@ def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], exact: b
         if exact:
             assert torch.equal(a[k], b[k]), k
         else:
-            torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
+            torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=lambda m, k=k: f"{k}: {m}")
 
 
 # ----------------------------------------------------------------------------- CPU: static buffers
@@ -304,7 +304,9 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
 # and their index-based forms eagerly, and (2) kernels that accumulate with atomics (BatchNorm's
 # and convolutions' weight gradients, index_add_) sum in a run-dependent order; float32
 # rounding differences of 1e-7 grow over the 3 rounds' ~60 SGD steps to about 1e-5 of a weight.
-# FedMR's 1/sqrt(var + 1e-8) amplifies them more: it is compared over one round.
+# FedMR's 1/sqrt(var + 1e-8) amplifies them more: it is compared over one round. Under bfloat16
+# autocast such a difference moves a bfloat16 rounding (8 bits of mantissa) now and then, so
+# amp is compared ten times more loosely.
 CUDA_RTOL, CUDA_ATOL = 1e-3, 1e-4
 
 
@@ -339,12 +341,14 @@ def test_graphed_rounds_equal_eager_rounds_on_cuda(method, optimizer, extra):
     want, want_losses = _cuda_federation(config(**settings, **{"cuda-graphs": False}), convnet, data, rounds)
     got, got_losses = _cuda_federation(config(**settings, **{"cuda-graphs": True}), convnet, data, rounds)
     assert sum(t.replays for t in graphed._TRAINERS.values()) > 0  # the graph did run
+    loose = 10.0 if extra.get("amp") == "true" else 1.0
     for k in want:
         if want[k].is_floating_point():
-            torch.testing.assert_close(got[k], want[k], rtol=CUDA_RTOL, atol=CUDA_ATOL, msg=k)
+            torch.testing.assert_close(got[k], want[k], rtol=CUDA_RTOL * loose, atol=CUDA_ATOL * loose,
+                                       msg=lambda m, k=k: f"{k}: {m}")
         else:
             assert torch.equal(got[k], want[k]), k
-    assert got_losses == pytest.approx(want_losses, rel=1e-3, abs=1e-4)
+    assert got_losses == pytest.approx(want_losses, rel=1e-3 * loose, abs=1e-4 * loose)
 
 
 @needs_cuda
@@ -357,7 +361,8 @@ def test_graphed_mlp_rounds_equal_eager_rounds_on_cuda():
         want = _cuda_federation(config(**settings, **{"cuda-graphs": False}), mlp, data)[0]
         got = _cuda_federation(config(**settings, **{"cuda-graphs": True}), mlp, data)[0]
         for k in want:
-            torch.testing.assert_close(got[k], want[k], rtol=CUDA_RTOL, atol=CUDA_ATOL, msg=f"{method} {k}")
+            torch.testing.assert_close(got[k], want[k], rtol=CUDA_RTOL, atol=CUDA_ATOL,
+                                       msg=lambda m, k=k, method=method: f"{method} {k}: {m}")
 
 
 @needs_cuda

@@ -317,7 +317,7 @@ class GraphedTrainer:
         graph = torch.cuda.CUDAGraph()
         assert self.generator is not None
         graph.register_generator_state(self.generator)
-        offset_before = self.generator.get_offset()
+        before = self.generator.get_state()  # seed and offset
         self.sgd.zero_grad()  # the gradients are allocated in the graph's memory pool
         try:
             with torch.cuda.graph(graph):
@@ -327,8 +327,7 @@ class GraphedTrainer:
                            "eagerly in this process (cuda-graphs = false avoids the attempt)", type(err).__name__, err)
             self.capture = False
             fresh = torch.Generator(device=self.device)  # the capture may have left the old one mid-capture
-            fresh.manual_seed(self.generator.initial_seed())
-            fresh.set_offset(offset_before)
+            fresh.set_state(before)
             self.generator = fresh
             self.transform.generator = fresh
             self.sgd.zero_grad()
