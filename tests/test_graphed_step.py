@@ -304,7 +304,9 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
 # and their index-based forms eagerly, and (2) kernels that accumulate with atomics (BatchNorm's
 # and convolutions' weight gradients, index_add_) sum in a run-dependent order; float32
 # rounding differences of 1e-7 grow over the 3 rounds' ~60 SGD steps to about 1e-5 of a weight.
-# FedMR's 1/sqrt(var + 1e-8) amplifies them more: it is compared over one round. Under bfloat16
+# FedMR's 1/sqrt(var + 1e-8) amplifies them by orders of magnitude within a few steps (a unit
+# active for one sample of a class gets a gradient that grows as its activation shrinks): it
+# is compared over each client's first three steps. Under bfloat16
 # autocast such a difference moves a bfloat16 rounding (8 bits of mantissa) now and then, so
 # amp is compared ten times more loosely.
 CUDA_RTOL, CUDA_ATOL = 1e-3, 1e-4
@@ -320,7 +322,7 @@ def _cuda_federation(cfg: RunConfig, build: Callable[[str], nn.Module], data: li
     return federation(on_cuda, cfg, lambda m: build(m), data, rounds)
 
 
-CUDA_PARTS = [(m, "sgd", {}) for m in method_names()] + [
+CUDA_PARTS = [(m, "sgd", {}) for m in method_names() if m != "fedmr"] + [
     ("fedavg", "sam", {}), ("fedavg", "fedgf", {}), ("fedvls", "sam", {}), ("fedvls", "fedgf", {}),
     ("fedavg", "sgd", {"optimizer-state": "carry"}), ("fedvls", "sgd", {"amp": "true"}),
     ("fedavg", "sgd", {"channels-last": "true"}),
@@ -334,9 +336,12 @@ def test_graphed_rounds_equal_eager_rounds_on_cuda(method, optimizer, extra):
     """3 rounds of 4 clients, augmented uint8 images on a BatchNorm conv net: the graph path
     (captured after the warm-up steps, replayed for every full batch, the short batches eager)
     against the same loop launched op by op."""
-    rounds = 1 if method == "fedmr" else 3
+    rounds = 3
     settings = {"method": method, "local-optimizer": optimizer, "dataset": "cifar10", "device": "cuda", **extra}
     data = clients(images=True)
+    if method == "fedmr":  # chaotic (see above): three steps of each client, the graph from the third on
+        rounds, settings["local-epochs"] = 1, 1
+        data = [ClientData(d.x[:48], d.y[:48], C, MEAN, STD, partition_id=d.partition_id) for d in data]
     clear_trainers()
     want, want_losses = _cuda_federation(config(**settings, **{"cuda-graphs": False}), convnet, data, rounds)
     got, got_losses = _cuda_federation(config(**settings, **{"cuda-graphs": True}), convnet, data, rounds)
@@ -349,6 +354,11 @@ def test_graphed_rounds_equal_eager_rounds_on_cuda(method, optimizer, extra):
         else:
             assert torch.equal(got[k], want[k]), k
     assert got_losses == pytest.approx(want_losses, rel=1e-3 * loose, abs=1e-4 * loose)
+
+
+@needs_cuda
+def test_graphed_fedmr_steps_equal_eager_steps_on_cuda():
+    test_graphed_rounds_equal_eager_rounds_on_cuda("fedmr", "sgd", {})
 
 
 @needs_cuda

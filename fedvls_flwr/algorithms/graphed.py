@@ -148,13 +148,13 @@ class GraphedTrainer:
             self.sgd.buffers = [torch.zeros_like(p) for p in self.sgd.params]
         self.objective = objective
         self.optimizer: Any = None
-        self.tap = FeatureTap(self.model) if objective.features == "penultimate" else None
         self.teacher: nn.Module | None = None
         self.previous: nn.Module | None = None
         if plan == "forward":
             self.teacher = prepare_model(make_teacher(self.model, objective.teacher_mode), device, self.channels_last)
         if previous:
             self.previous = prepare_model(make_teacher(self.model, "eval"), device, self.channels_last)
+        self.tap = FeatureTap(self.model) if objective.features == "penultimate" else None  # after the copies
         self.generator = torch.Generator(device=device) if device.type == "cuda" else None
         self.transform = make_batch_transform(data.mean, data.std, train=True, augment=cfg.augment,
                                               generator=self.generator)
@@ -354,6 +354,7 @@ def train_graphed(model: nn.Module, data: ClientData, cfg: RunConfig, *, device:
     """:func:`~fedvls_flwr.algorithms.training.train_local` with the step replayed as a CUDA
     graph (``capture=False``: the same static-buffer path, every step eager; what the CPU tests
     run). ``model`` holds the received weights and ends holding the trained ones."""
+    prepare_model(model, device, use_channels_last(cfg, device))  # where the eager loop leaves it too
     key, objective = round_key(model, data, cfg, device=device, state=state, received=received,
                                cache_teacher=cache_teacher, capture=capture)
     with _LOCK:

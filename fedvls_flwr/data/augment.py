@@ -96,6 +96,17 @@ def random_crop_flip_fixed(x: torch.Tensor, padding: int, flip: bool, generator:
     return out.gather(3, cols.view(n, 1, 1, w).expand(n, c, h, w))
 
 
+def same_device(a: torch.device, b: torch.device) -> bool:
+    """``cuda`` and ``cuda:0`` are the same GPU when the current device is 0 (a generator made
+    for ``cuda`` says ``cuda``, a tensor there says ``cuda:0``)."""
+    if a.type != b.type:
+        return False
+    if a.type != "cuda" or a.index == b.index:
+        return True
+    current = torch.cuda.current_device()
+    return (current if a.index is None else a.index) == (current if b.index is None else b.index)
+
+
 def normalize(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
     """uint8 -> ``x / 255``; float taken as [0, 1]; then ``(x - mean) / std`` in float32."""
     if x.dtype == torch.uint8:
@@ -176,7 +187,7 @@ class BatchTransform:
                 x = x.mul(255).round_().clamp_(0, 255).to(torch.uint8)
             if self.on_device:
                 assert self.generator is not None and self._aa is not None
-                if x.device != self.generator.device:
+                if not same_device(x.device, self.generator.device):
                     raise ValueError(f"the batch is on {x.device}, the generator on {self.generator.device}")
                 x = random_crop_flip_fixed(x, self.padding, self.flip, self.generator)
                 x = self._aa.apply_fixed(x, *self._aa.sample_fixed(x.shape[0], self.generator, x.device))
