@@ -174,11 +174,11 @@ class TeacherRows:
             return self.objective.prepare_teacher(self.forward(xb), yb)
 
 
-def augmentation_generator(generator: torch.Generator, device: torch.device) -> torch.Generator:
+def augmentation_generator(generator: torch.Generator | None, device: torch.device) -> torch.Generator | None:
     """The generator the augmentation draws from: the client's CPU generator on a CPU (as
     always), and on a GPU a generator there seeded with the client's seed, so the draws need no
     transfer and can be captured in a CUDA graph (the same images for the same seed)."""
-    if device.type == "cpu":
+    if device.type == "cpu" or generator is None:
         return generator
     return torch.Generator(device=device).manual_seed(generator.initial_seed())
 
@@ -300,8 +300,8 @@ def train_local(
     counts = torch.bincount(y, minlength=data.num_classes)
     values = cfg.to_flower()
     objective: Objective = build_part("method", values, PartContext(run=cfg, class_counts=counts))
-    transform = make_batch_transform(data.mean, data.std, train=True, augment=cfg.augment,
-                                     generator=augmentation_generator(generator, device))
+    transform = make_batch_transform(data.mean, data.std, train=True, augment=cfg.augment, generator=generator)
+    transform.generator = augmentation_generator(transform.generator, device)
     autocast = autocast_context(device, use_amp(cfg, device))
     objective.bind_global(model)
     teacher = TeacherRows.build(objective, model, state, x, y, transform, autocast, cfg, device, cache_teacher)
