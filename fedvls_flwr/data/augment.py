@@ -148,7 +148,7 @@ class BatchTransform:
             raise ValueError("group_size must be >= 1")
         if self.on_device and self.autoaugment != "batched":
             raise ValueError("a generator on a GPU draws for the batched AutoAugment only (autoaugment='batched')")
-        if self.autoaugment == "batched":
+        if self.autoaugment == "batched" and self.augments:  # its tables: only where it augments
             self._aa = BatchAutoAugment()
 
     @property
