@@ -143,7 +143,8 @@ def test_every_part_on_static_buffers_equals_the_eager_loop(method, optimizer):
     got, got_losses = federation(static, cfg, mlp, clients())
     exact = not method.startswith("fedvls")  # FedVLS: masks over C classes instead of indices
     assert_same(want, got, exact)
-    assert got_losses == pytest.approx(want_losses, rel=1e-6)
+    # the paper form's unbounded logit term reaches -15 and sums in another order: 1e-5, relative
+    assert got_losses == (want_losses if exact else pytest.approx(want_losses, rel=1e-5))
     # one trainer, or one per kind of step: FedVLS with and without its vacant-class term, MOON
     # without (a client's first round) and with its previous model, FedGF without (round 1:
     # FedSAM's step) and with a perturbed point
