@@ -273,6 +273,65 @@ def test_every_model_with_an_encoder_and_a_head_concatenates(name, shape):
     assert not torch.equal(weights[HEAD_WEIGHT], before[HEAD_WEIGHT])
 
 
+def test_frozen_features_are_computed_once_and_give_the_recomputed_results():
+    """Without augmentation a process computes the frozen encoders' features of a client's data
+    and of each server test batch once: later head rounds and evaluations run no encoder,
+    and give what recomputing the features per batch gives (the CNN's convolutions round
+    differently in larger batches: float tolerance); changed data or new encoders recompute."""
+    from fedvls_flwr.algorithms.fedconcat import _BUILT
+    from fedvls_flwr.algorithms.training import evaluate
+
+    torch.manual_seed(0)
+    shape = (1, 28, 28)
+    encoders = [build_model("cnn", shape, 10) for _ in range(2)]
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(300, *shape, generator=g), torch.randint(0, 10, (300,), generator=g)
+    test_x, test_y = torch.randn(500, *shape, generator=g), torch.randint(0, 10, (500,), generator=g)
+    head_w, head_b = torch.randn(10, 100, generator=g) * 0.05, torch.zeros(10)
+    arrays = {**{f"encoder{k}/{n}": v.detach().clone() for k, e in enumerate(encoders)
+                 for n, v in e.state_dict().items()}, HEAD_WEIGHT: head_w, HEAD_BIAS: head_b}
+    cfg = RunConfig(protocol="fedconcat", batch_size=32, lr=0.05, augment=False, eval_batch_size=128)
+    data = Data(x, y)
+    calls = []
+    first = client_step(cfg, arrays, 2, data, lambda: build_model("cnn", shape, 10), 5)
+    concat = _BUILT.model
+    assert concat is not None
+    hooks = [e.register_forward_hook(lambda *a: calls.append(1)) for e in concat.encoders]
+    again = client_step(cfg, arrays, 2, data, lambda: build_model("cnn", shape, 10), 5)
+    assert _BUILT.model is concat and not calls  # the kept features: no encoder ran
+    torch.testing.assert_close(again.weights[HEAD_WEIGHT], first.weights[HEAD_WEIGHT], rtol=0, atol=0)
+    # against features recomputed on every mini-batch (the loop before the features were kept)
+    order = torch.randperm(300, generator=torch.Generator().manual_seed(5))
+    head = nn.Linear(100, 10)
+    head.load_state_dict({"weight": head_w.clone(), "bias": head_b.clone()})
+    sgd = torch.optim.SGD(head.parameters(), lr=0.05, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    for s in range(3):
+        idx = order[s * 32:(s + 1) * 32]
+        sgd.zero_grad()
+        nn.functional.cross_entropy(head(concat.features(x[idx])), y[idx]).backward()
+        sgd.step()
+    torch.testing.assert_close(first.weights[HEAD_WEIGHT], head.weight.detach(), rtol=1e-5, atol=1e-6)
+    # the server's evaluation: twice the same test set, the second without an encoder forward
+    calls.clear()
+    kept = [evaluate(concat, test_x, test_y, 10, device=torch.device("cpu"), batch_size=128) for _ in range(2)]
+    assert len(calls) == 2 * 4  # 4 batches, 2 encoders, the first time only
+
+    class Recomputed(nn.Module):
+        def forward(self, xb):
+            return concat.head(concat.features(xb))
+
+    fresh = evaluate(Recomputed(), test_x, test_y, 10, device=torch.device("cpu"), batch_size=128)
+    for res in kept:
+        assert res.accuracy == fresh.accuracy and res.loss == pytest.approx(fresh.loss, rel=1e-6)
+    # data changed in place: its features are computed again
+    calls.clear()
+    x.add_(0.0)
+    client_step(cfg, arrays, 2, data, lambda: build_model("cnn", shape, 10), 5)
+    assert calls
+    for hook in hooks:
+        hook.remove()
+
+
 def test_a_node_without_its_encoders_says_so():
     cfg = RunConfig(protocol="fedconcat")
     with pytest.raises(RuntimeError, match="frozen encoders"):

@@ -164,10 +164,13 @@ def test_amp_on_cpu_runs_is_ignored_and_logged_once(monkeypatch, caplog):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphed"])
 @pytest.mark.parametrize("method", ["fedavg", "fedntd", "fedvls"])
-def test_amp_on_cuda_keeps_loss_terms_finite(method):
+def test_amp_on_cuda_keeps_loss_terms_finite(method, graphs):
+    from fedvls_flwr.algorithms.graphed import clear_trainers
     from fedvls_flwr.models import build_model
 
+    clear_trainers()  # the graphed path trains a copy of this model, hook included, made on first use
     device = torch.device("cuda")
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, 256, (96, 3, 32, 32), dtype=torch.uint8, generator=g)
@@ -176,7 +179,7 @@ def test_amp_on_cuda_keeps_loss_terms_finite(method):
     model = build_model("mobilenetv2", (3, 32, 32), 10)
     dtypes = set()
     model.register_forward_hook(lambda m, i, out: dtypes.add(out.dtype))
-    cfg = _cfg(method=method, local_epochs=2, batch_size=32, amp=True, device="cuda")
+    cfg = _cfg(method=method, local_epochs=2, batch_size=32, amp=True, device="cuda", cuda_graphs=graphs)
     res = train_local(
         model, ClientData(x, y, 10, MEAN, STD), cfg.replace(augment=True), device=device,
         generator=torch.Generator().manual_seed(0),

@@ -74,6 +74,25 @@ class FedGFStep:
                                      f"the parameter {tuple(p.shape)}")
             self.saved = [torch.empty_like(p) for p in sgd.params]
 
+    def graph_signature(self) -> tuple[Any, ...]:
+        """c is a constant of the captured step (an adaptive c takes at most W + 1 values), the
+        perturbed global point a tensor that :meth:`load_round` refreshes."""
+        return (type(self).__name__, self.rho, None if self.target is None else self.c)
+
+    def own_round_tensors(self) -> None:
+        """Hold a copy of this round's perturbed global point (a graphed step keeps this step
+        across rounds and refreshes the copy with :meth:`load_round`)."""
+        if self.target is not None:
+            self.target = [t.detach().clone() for t in self.target]
+
+    def load_round(self, other: FedGFStep) -> None:
+        """Copy this round's perturbed global point into the tensors the captured step reads."""
+        if other.graph_signature() != self.graph_signature():
+            raise ValueError(f"cannot load a FedGF step of {other.graph_signature()} into {self.graph_signature()}")
+        if self.target is not None and other.target is not None:
+            with torch.no_grad():
+                torch._foreach_copy_(self.target, other.target)
+
     def step(self, closure: Closure) -> torch.Tensor:
         terms = closure()
         if self.target is None:  # FedSAM

@@ -39,6 +39,14 @@ class SGDStep:
     def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
         self.sgd = driven_sgd(context)
 
+    def graph_signature(self) -> tuple[Any, ...]:
+        """What shapes a captured step besides the tensors :meth:`load_round` copies (see
+        :mod:`fedvls_flwr.algorithms.graphed`): the step's kind and its constants."""
+        return (type(self).__name__,)
+
+    def load_round(self, other: Any) -> None:
+        """Take ``other``'s per-round tensors (built for this round, same signature) in place."""
+
     def step(self, closure: Closure) -> torch.Tensor:
         terms = closure()
         self.sgd.step()
@@ -59,6 +67,12 @@ class SAMStep:
     def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
         self.sgd = driven_sgd(context)
         self.rho = float(params["sam-rho"])
+
+    def graph_signature(self) -> tuple[Any, ...]:
+        return (type(self).__name__, self.rho)
+
+    def load_round(self, other: Any) -> None:
+        """Nothing changes from round to round."""
 
     def step(self, closure: Closure) -> torch.Tensor:
         terms = closure()

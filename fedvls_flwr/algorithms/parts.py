@@ -52,12 +52,16 @@ class PartContext:
     learning rate; a part's own settings come as its first argument). On a client:
     ``class_counts`` (the client's label counts, for an objective), ``sgd`` (the SGD update a
     local optimizer drives) and ``received`` (what the server sent for the run's parts).
+    ``fixed_shapes``: the client's step runs as a CUDA graph (:mod:`fedvls_flwr.algorithms.graphed`),
+    so an objective keeps whatever it derives from the class counts in tensors whose shapes
+    depend on the number of classes only, and its step reads nothing back to the host.
     """
 
     run: RunConfig | None = None
     class_counts: Tensor | None = None
     sgd: LocalSGD | None = None
     received: Received | None = None
+    fixed_shapes: bool = False
 
 
 class ServerPart:

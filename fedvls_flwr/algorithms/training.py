@@ -5,12 +5,16 @@ no per-sample Python), loss sums stay on the device and are read once at the end
 GPU is not synchronised every step.
 
 GPU path: the client's data are copied to the GPU once per round (from pinned memory,
-non-blocking), augmentation runs there on whole batches (:mod:`fedvls_flwr.data.augment`),
-the teacher's forward pass runs under ``torch.no_grad``, and with ``amp = true`` the
-forward passes run under ``torch.autocast`` with bfloat16 (bfloat16 has float32's
-exponent range, so no GradScaler is needed; the objective turns autocast off and computes
-in float32 from upcast logits and features). On a CPU device ``amp`` is ignored (logged once per process) and
-the loop is plain float32.
+non-blocking), augmentation runs there on whole batches with its random draws taken on the
+GPU from a generator seeded from the client's (:mod:`fedvls_flwr.data.augment`), the
+teacher's forward pass runs under ``torch.no_grad``, and with ``amp`` on the forward passes
+run under ``torch.autocast`` with bfloat16 (bfloat16 has float32's exponent range, so no
+GradScaler is needed; the objective turns autocast off and computes in float32 from upcast
+logits and features); ``channels-last`` keeps a conv net's tensors in that memory format. With
+``cuda-graphs`` (the default) the step is captured once per process and replayed
+(:mod:`fedvls_flwr.algorithms.graphed`): the same computation without launching every kernel
+from Python. On a CPU device ``amp`` is ignored (logged once per process when asked for),
+and the loop is plain float32, its random draws on the CPU generator.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from fedvls_flwr.models import FeatureTap, ProjectionModel
 if TYPE_CHECKING:
     from fedvls_flwr.algorithms.local_optim import Closure
 from fedvls_flwr.algorithms.batchnorm import batch_bounds, has_batchnorm
+from fedvls_flwr.algorithms.device import use_amp, use_channels_last
 from fedvls_flwr.algorithms.downlink import Received
 from fedvls_flwr.algorithms.objectives import Objective
 from fedvls_flwr.algorithms.parts import PartContext, build_part
@@ -58,11 +63,12 @@ def resolve_device(requested: str) -> torch.device:
     return torch.device("cpu")
 
 
-def autocast_context(device: torch.device, amp: bool) -> contextlib.AbstractContextManager:
-    """bfloat16 autocast on CUDA when ``amp``; a no-op otherwise (CPU: logged once)."""
+def autocast_context(device: torch.device, amp: bool, cache: bool = True) -> contextlib.AbstractContextManager:
+    """bfloat16 autocast on CUDA when ``amp``; a no-op otherwise (CPU: logged once).
+    ``cache=False``: no cache of cast weights (what a CUDA graph's capture needs)."""
     global _AMP_CPU_LOGGED
     if amp and device.type == "cuda":
-        return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+        return torch.autocast(device_type="cuda", dtype=torch.bfloat16, cache_enabled=cache)
     if amp and not _AMP_CPU_LOGGED:
         _AMP_CPU_LOGGED = True
         logger.warning("amp = true is ignored on device %s: mixed precision is used on CUDA only", device)
@@ -156,10 +162,81 @@ class TeacherRows:
               autocast: contextlib.AbstractContextManager) -> torch.Tensor | None:
         if self.rows is not None:
             return self.rows[idx]
+        return self.forward_batch(xb, yb, autocast)
+
+    def forward_batch(self, xb: torch.Tensor, yb: torch.Tensor,
+                      autocast: contextlib.AbstractContextManager) -> torch.Tensor | None:
+        """The rows of the batch ``xb`` (already transformed) from the teacher's forward pass;
+        None when the rows are cached (:attr:`rows`) or the loss reads no teacher."""
         if self.forward is None:
             return None
         with torch.no_grad(), autocast:
             return self.objective.prepare_teacher(self.forward(xb), yb)
+
+
+def augmentation_generator(generator: torch.Generator | None, device: torch.device) -> torch.Generator | None:
+    """The generator the augmentation draws from: the client's CPU generator on a CPU (as
+    always), and on a GPU a generator there seeded with the client's seed, so the draws need no
+    transfer and can be captured in a CUDA graph (the same images for the same seed)."""
+    if device.type == "cpu" or generator is None:
+        return generator
+    return torch.Generator(device=device).manual_seed(generator.initial_seed())
+
+
+def prepare_model(model: nn.Module, device: torch.device, channels_last: bool) -> nn.Module:
+    """``model`` on ``device``; a conv net in the channels-last memory format when asked."""
+    model.to(device)
+    if channels_last and _has_conv(model):
+        model.to(memory_format=torch.channels_last)
+    return model
+
+
+def _has_conv(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.Conv2d) for m in model.modules())
+
+
+@dataclass
+class StepParts:
+    """What one local step reads besides the batch: the network, the objective and its
+    teacher, the local optimizer driving the SGD update, the autocast context, the feature tap.
+    The eager loop and the CUDA graph's capture run the same :func:`local_step` on them."""
+
+    model: nn.Module
+    objective: Objective
+    teacher: TeacherRows
+    sgd: LocalSGD
+    optimizer: LocalOptimizer
+    autocast: contextlib.AbstractContextManager
+    tap: FeatureTap | None = None
+    transform: BatchTransform | None = None
+    channels_last: bool = False
+
+
+def local_step(parts: StepParts, xb: torch.Tensor, yb: torch.Tensor, teacher_rows: torch.Tensor | None) -> torch.Tensor:
+    """One optimizer step on a batch (raw ``xb`` as stored, labels ``yb``, the teacher's
+    prepared rows when they are cached per round); its loss terms (detached, on the device)."""
+    if parts.transform is not None:
+        xb = parts.transform(xb)
+    if parts.channels_last and xb.dim() == 4:
+        xb = xb.contiguous(memory_format=torch.channels_last)
+    teacher_b = teacher_rows if teacher_rows is not None else parts.teacher.forward_batch(xb, yb, parts.autocast)
+    objective, model, sgd, tap, autocast = parts.objective, parts.model, parts.sgd, parts.tap, parts.autocast
+
+    def closure() -> torch.Tensor:
+        sgd.zero_grad()
+        with autocast:
+            features: torch.Tensor | None
+            if objective.features == "projection":
+                logits, features = cast(ProjectionModel, model).project(xb)
+            else:
+                logits = model(xb)
+                features = tap.features if tap is not None else None
+            loss, terms = objective.loss_terms(logits, yb, teacher_b, features)
+        loss.backward()
+        extra = objective.after_backward(sgd.params)
+        return terms if extra is None else terms + extra.to(terms.dtype)
+
+    return parts.optimizer.step(closure)
 
 
 def _local_sgd(model: nn.Module, cfg: RunConfig, state: ClientState, device: torch.device) -> LocalSGD:
@@ -208,7 +285,14 @@ def train_local(
     weights for the run's local optimizer (FedGF's perturbed global point and c).
     """
     state = state if state is not None else ClientState()
-    model.to(device)
+    received = received if received is not None else Received()
+    if device.type == "cuda" and cfg.cuda_graphs:
+        from fedvls_flwr.algorithms.graphed import train_graphed
+
+        return train_graphed(model, data, cfg, device=device, generator=generator, state=state,
+                             cache_teacher=cache_teacher, received=received)
+    channels_last = use_channels_last(cfg, device)
+    prepare_model(model, device, channels_last)
     x, y = to_device(data.x, device), to_device(data.y, device)
     n = x.shape[0]
     # BatchNorm: no step on a tiny last batch (it joins the one before; see batchnorm.py)
@@ -217,35 +301,19 @@ def train_local(
     values = cfg.to_flower()
     objective: Objective = build_part("method", values, PartContext(run=cfg, class_counts=counts))
     transform = make_batch_transform(data.mean, data.std, train=True, augment=cfg.augment, generator=generator)
-    autocast = autocast_context(device, cfg.amp)
+    transform.generator = augmentation_generator(transform.generator, device)
+    autocast = autocast_context(device, use_amp(cfg, device))
     objective.bind_global(model)
     teacher = TeacherRows.build(objective, model, state, x, y, transform, autocast, cfg, device, cache_teacher)
     sgd = _local_sgd(model, cfg, state, device)
-    received = received if received is not None else Received()
     received.param_names = [name for name, p in model.named_parameters() if p.requires_grad]
     optimizer: LocalOptimizer = build_part("local-optimizer", values, PartContext(run=cfg, sgd=sgd, received=received))
     tap = FeatureTap(model) if objective.features == "penultimate" else None
+    parts = StepParts(model, objective, teacher, sgd, optimizer, autocast, tap, transform, channels_last)
 
     def step(idx: torch.Tensor) -> torch.Tensor:
         """One optimizer step on the batch ``idx``; its loss terms (detached, on the device)."""
-        xb, yb = transform(x[idx]), y[idx]
-        teacher_b = teacher.batch(idx, xb, yb, autocast)
-
-        def closure() -> torch.Tensor:
-            sgd.zero_grad()
-            with autocast:
-                features: torch.Tensor | None
-                if objective.features == "projection":
-                    logits, features = cast(ProjectionModel, model).project(xb)
-                else:
-                    logits = model(xb)
-                    features = tap.features if tap is not None else None
-                loss, terms = objective.loss_terms(logits, yb, teacher_b, features)
-            loss.backward()
-            extra = objective.after_backward(sgd.params)
-            return terms if extra is None else terms + extra.to(terms.dtype)
-
-        return optimizer.step(closure)
+        return local_step(parts, x[idx], y[idx], None if teacher.rows is None else teacher.rows[idx])
 
     model.train()
     # sum over samples of each term (term_names order); the loss is their sum
@@ -314,18 +382,28 @@ def evaluate(
     amp: bool = False,
 ) -> EvalResult:
     """Top-1 accuracy, mean cross-entropy and per-class accuracy (NaN for absent classes);
-    ``amp``: the forward passes under bfloat16 autocast on CUDA (the loss in float32)."""
+    ``amp``: the forward passes under bfloat16 autocast on CUDA (the loss in float32). A model
+    with a ``forward_rows`` method (FedConcat's, which keeps its frozen encoders' features of
+    each test batch) is given each batch's rows and the way to make the batch instead."""
     model.to(device).eval()
     transform = make_batch_transform(mean, std, train=False, augment=False)
     correct = torch.zeros(num_classes, device=device)
     total = torch.zeros(num_classes, device=device)
     loss_sum = torch.zeros((), device=device, dtype=torch.float64)
     autocast = autocast_context(device, amp)
+    by_rows = getattr(model, "forward_rows", None)
     for start in range(0, x.shape[0], batch_size):
-        xb = transform(x[start : start + batch_size].to(device, non_blocking=True))
-        yb = y[start : start + batch_size].to(device, non_blocking=True)
+        stop = start + batch_size
+
+        def batch(start: int = start, stop: int = stop) -> torch.Tensor:
+            return transform(x[start:stop].to(device, non_blocking=True))
+
+        yb = y[start:stop].to(device, non_blocking=True)
         with autocast:
-            logits = model(xb)
+            if by_rows is not None:
+                logits = by_rows(x, start, min(stop, x.shape[0]), batch, (mean, std, str(device), amp))
+            else:
+                logits = model(batch())
         logits = logits.float()
         loss_sum += nn.functional.cross_entropy(logits, yb, reduction="sum").double()
         hit = (logits.argmax(dim=1) == yb).float()

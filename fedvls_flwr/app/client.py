@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from fedvls_flwr.algorithms.device import describe_device, peak_gpu_memory, set_deterministic
+from fedvls_flwr.algorithms.device import describe_device, peak_gpu_memory, set_deterministic, use_amp
 from fedvls_flwr.algorithms.downlink import Received
 from fedvls_flwr.algorithms.parts import PartContext, build_part
 from fedvls_flwr.algorithms.rounds import ClientRound
@@ -185,7 +185,7 @@ def evaluate_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDi
         model.load_state_dict(torch_state_dict(arrays_in(content, keys.ARRAYS)), strict=True)
         res = evaluate(
             model, data.test_x, data.test_y, data.num_classes, device=device,
-            batch_size=cfg.eval_batch_size, mean=data.mean, std=data.std, amp=cfg.amp,
+            batch_size=cfg.eval_batch_size, mean=data.mean, std=data.std, amp=use_amp(cfg, device),
         )
         total = torch.bincount(data.test_y, minlength=data.num_classes)
         correct = [0 if n == 0 else round(a * n) for a, n in zip(res.per_class_accuracy, total.tolist())]

@@ -26,7 +26,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from fedvls_flwr.algorithms.batchnorm import feature_map_problem, smallest_batchnorm_map
-from fedvls_flwr.algorithms.device import gpu_left_unused, set_deterministic
+from fedvls_flwr.algorithms.device import gpu_left_unused, set_deterministic, use_amp
 from fedvls_flwr.algorithms.diagnostics import local_update_view
 from fedvls_flwr.algorithms.run_model import build_run_model
 from fedvls_flwr.algorithms.training import evaluate, resolve_device
@@ -232,7 +232,7 @@ class ServerRun:
             return {"accuracy": None, "loss": None, "per_class_accuracy": None, "evaluation": "none"}
         res = evaluate(
             model, self.bundle.test_x, self.bundle.test_y, self.bundle.num_classes, device=self.device,
-            batch_size=self.cfg.eval_batch_size, mean=self.bundle.mean, std=self.bundle.std, amp=self.cfg.amp,
+            batch_size=self.cfg.eval_batch_size, mean=self.bundle.mean, std=self.bundle.std, amp=use_amp(self.cfg, self.device),
         )
         return {
             "accuracy": res.accuracy, "loss": res.loss, "per_class_accuracy": res.per_class_accuracy,

@@ -140,6 +140,8 @@ class Setting:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ConfigError(f"run config '{self.key}' = {value!r}: expected a number")
             return float(value)
+        if isinstance(value, bool) and {"true", "false"} <= set(self.allowed()):
+            return "true" if value else "false"  # a switch with an "auto" besides true / false
         if not isinstance(value, str):
             raise ConfigError(f"run config '{self.key}' = {value!r}: expected a string")
         return value

@@ -28,6 +28,13 @@ Conventions
 * Half / bfloat16 logits are upcast to float32; float32 / float64 are kept.
 * Removed classes are masked with a finite constant (``MASK_VALUE``) rather than ``-inf``,
   so that values and gradients stay finite in every degenerate case.
+* A CUDA graph of the step (:mod:`fedvls_flwr.algorithms.graphed`) keeps one objective for
+  every client of the same :meth:`Objective.graph_signature` and copies each client's values
+  into it (:meth:`Objective.load_client`): everything the step reads that depends on the
+  client is one of the tensors named in ``client_tensors``, of a shape fixed by the number of
+  classes. Objectives whose eager step selects classes by index (FedVLS) or splits the batch
+  by class (FedMR) compute the same values with masks when built with
+  ``PartContext(fixed_shapes=True)``.
 """
 
 from __future__ import annotations
@@ -87,6 +94,9 @@ class Objective:
     #: Whether this client's loss reads the teacher (set per instance: FedVLS needs it only
     #: with at least two vacant classes).
     needs_teacher: bool = False
+    #: The attributes holding what the step reads of the client (tensors derived from its class
+    #: counts, shaped by the number of classes only): what :meth:`load_client` copies.
+    client_tensors: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def projection_head(cls) -> bool:
@@ -116,6 +126,7 @@ class Objective:
         if total <= 0:
             raise ValueError("class_counts must sum to a positive number (the client holds no sample)")
         self.params = params
+        self.fixed_shapes = context.fixed_shapes
         self.device = counts.device
         self.class_counts = counts
         self.num_classes = int(counts.numel())
@@ -139,6 +150,25 @@ class Objective:
             self._cache[ck] = t
         return t
 
+    # -- CUDA graphs -----------------------------------------------------------------------
+    def graph_signature(self) -> tuple[Any, ...]:
+        """Everything about this objective that shapes a captured step, besides the values of
+        its ``client_tensors``: two clients with the same signature can share one CUDA graph."""
+        return (type(self).__name__, tuple(sorted(self.params.items())), self.num_classes, self.needs_teacher)
+
+    def load_client(self, other: Objective) -> None:
+        """Make this objective compute ``other``'s loss (built for another client, same
+        :meth:`graph_signature`) by copying its per-client tensors into this one's, in place,
+        together with their cached casts (:meth:`_buf`)."""
+        if other.graph_signature() != self.graph_signature():
+            raise ValueError(f"cannot load a client of {other.graph_signature()} into {self.graph_signature()}")
+        with torch.no_grad():
+            for name in self.client_tensors:
+                getattr(self, name).copy_(getattr(other, name))
+            for (name, dtype), cast in self._cache.items():
+                cast.copy_(getattr(other, name).to(dtype))
+        self.class_counts, self.num_samples = other.class_counts, other.num_samples
+
     # -- public API ----------------------------------------------------------------------
     def prepare_teacher(self, teacher_logits: Tensor, targets: Tensor) -> Tensor | None:
         """What this loss needs of the frozen teacher, per sample (None if nothing).
@@ -155,7 +185,8 @@ class Objective:
 
     def bind_global(self, model: torch.nn.Module) -> None:
         """Called once per round before training, while ``model`` holds the received global
-        weights (FedProx keeps a copy of them)."""
+        weights (FedProx keeps a copy of them, in place when it already has one: a graphed step
+        reads it from the same tensors every round)."""
 
     def after_backward(self, params: list[torch.nn.Parameter]) -> Tensor | None:
         """Called after every backward pass: a term that acts on the weights rather than the

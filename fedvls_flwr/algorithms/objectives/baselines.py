@@ -25,6 +25,7 @@ class FedLCObjective(Objective):
 
     name = "fedlc"
     term_names = ("ce",)
+    client_tensors = ("present", "margin")
 
     def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
         super().__init__(params, context)
@@ -99,7 +100,12 @@ class FedProxObjective(Objective):
         self.anchor: list[Tensor] = []
 
     def bind_global(self, model: torch.nn.Module) -> None:
-        self.anchor = [p.detach().clone() for p in model.parameters() if p.requires_grad]
+        params = [p.detach() for p in model.parameters() if p.requires_grad]
+        if [a.shape for a in self.anchor] == [p.shape for p in params] and self.anchor:
+            with torch.no_grad():
+                torch._foreach_copy_(self.anchor, params)
+        else:
+            self.anchor = [p.clone() for p in params]
 
     def after_backward(self, params: list[torch.nn.Parameter]) -> Tensor | None:
         if not self.anchor:
@@ -126,6 +132,7 @@ class FedRSObjective(Objective):
 
     name = "fedrs"
     term_names = ("ce",)
+    client_tensors = ("scale",)
 
     def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
         super().__init__(params, context)
@@ -204,6 +211,7 @@ class FedLMDObjective(Objective):
 
     name = "fedlmd"
     term_names = ("ce", "lmd")
+    client_tensors = ("major",)
     MASK = 1000.0
 
     def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
