@@ -48,7 +48,8 @@ import torch  # noqa: E402
 
 from fedvls_flwr.algorithms import graphed  # noqa: E402
 from fedvls_flwr.algorithms.downlink import Received  # noqa: E402
-from fedvls_flwr.algorithms.training import ClientState, train_local  # noqa: E402
+from fedvls_flwr.algorithms.parts import ClientState  # noqa: E402
+from fedvls_flwr.algorithms.training import train_local  # noqa: E402
 from fedvls_flwr.config.run_config import RunConfig, parse_run_config  # noqa: E402
 from fedvls_flwr.data.augment import make_batch_transform, random_crop_flip_fixed  # noqa: E402
 from fedvls_flwr.data.node_data import ClientData  # noqa: E402

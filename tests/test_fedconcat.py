@@ -27,9 +27,8 @@ from fedvls_flwr.algorithms.fedconcat import (
     cluster_sites,
     encoder_rounds,
 )
-from fedvls_flwr.algorithms.parts import PartContext, build_part
-from fedvls_flwr.algorithms.rounds import ClientOutcome, ClientRound
-from fedvls_flwr.algorithms.training import ClientState
+from fedvls_flwr.algorithms.parts import ClientState, RunContext
+from fedvls_flwr.algorithms.rounds import ClientOutcome, ClientRound, build_protocol
 from fedvls_flwr.app.keys import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, PARTITION_ID, SERVER_ROUND, TRAIN_LOSS
 from fedvls_flwr.app.results import read_rounds
 from fedvls_flwr.app.server import run_experiment
@@ -43,7 +42,7 @@ pytestmark = pytest.mark.usefixtures("run_identity")  # Flower's messages need a
 def protocol(**params) -> FedConcat:
     cfg = RunConfig(protocol="fedconcat", num_server_rounds=params.pop("rounds", 4), seed=3,
                     **{k.replace("-", "_"): v for k, v in params.items()})
-    p = build_part("protocol", cfg.to_flower(), PartContext(run=cfg))
+    p = build_protocol(cfg.to_flower(), RunContext(cfg))
     assert isinstance(p, FedConcat)
     return p
 
@@ -85,7 +84,7 @@ def test_clustering_is_the_authors_kmeans_call():
     one_start_differs = False
     for seed in range(4):
         cfg = RunConfig(protocol="fedconcat", num_server_rounds=4, seed=seed, fedconcat_clusters=4)
-        state = build_part("protocol", cfg.to_flower(), PartContext(run=cfg)).initial_state(
+        state = build_protocol(cfg.to_flower(), RunContext(cfg)).initial_state(
             {"w": np.zeros((2, 2), np.float32)}, {i: {"class-counts": c.tolist()} for i, c in enumerate(counts)})
         ten = KMeans(n_clusters=4, init="k-means++", n_init=10, random_state=seed).fit(distributions).labels_
         one = KMeans(n_clusters=4, init="k-means++", n_init=1, random_state=seed).fit(distributions).labels_
@@ -162,23 +161,12 @@ class Data:
         self.x, self.y, self.num_classes, self.mean, self.std = x, y, num_classes, None, None
 
 
-class KeptNothing:
-    """A node that keeps nothing across rounds."""
-
-    def get(self, name):
-        return None
-
-    def put(self, name, arrays):
-        pass
-
-
 def client_step(cfg, arrays, stage, data, model_factory, seed) -> ClientOutcome:
     """The client's side of a FedConcat training message in ``stage``."""
-    p = build_part("protocol", cfg.to_flower(), PartContext(run=cfg))
+    p = build_protocol(cfg.to_flower(), RunContext(cfg))
     return p.client_train(ClientRound(arrays=arrays, config={"fedconcat-stage": stage}, cfg=cfg, data=data,
                                       model_factory=model_factory, device=torch.device("cpu"),
-                                      generator=torch.Generator().manual_seed(seed), state=ClientState(),
-                                      kept=KeptNothing()))
+                                      generator=torch.Generator().manual_seed(seed), state=ClientState()))
 
 
 def test_client_head_training_matches_torch_sgd_on_concatenated_features():

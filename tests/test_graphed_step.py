@@ -32,11 +32,12 @@ from torch import nn
 from fedvls_flwr.algorithms import graphed
 from fedvls_flwr.algorithms.downlink import Received
 from fedvls_flwr.algorithms.graphed import clear_trainers, train_graphed, trainer_key
-from fedvls_flwr.algorithms.objectives import build_objective
+from fedvls_flwr.algorithms.objectives.base import build_objective, objective_for
 from fedvls_flwr.algorithms.objectives.fedmr import manifold_reshaping_term, manifold_reshaping_term_fixed
-from fedvls_flwr.algorithms.parts import PartContext, build_part
+from fedvls_flwr.algorithms.parts import ClientState, ObjectiveContext, RunContext
+from fedvls_flwr.algorithms.rounds import build_protocol
 from fedvls_flwr.algorithms.sgd import LocalSGD
-from fedvls_flwr.algorithms.training import ClientState, train_local
+from fedvls_flwr.algorithms.training import round_optimizer, train_local
 from fedvls_flwr.config.registry import method_names
 from fedvls_flwr.config.run_config import RunConfig, parse_run_config
 from fedvls_flwr.data.node_data import ClientData
@@ -214,7 +215,7 @@ def test_one_trainer_serves_every_client_in_the_same_tensors():
     assert list(graphed._TRAINERS.values()) == [trainer]
     assert [t.data_ptr() for t in (*trainer.model.parameters(), *trainer.sgd.buffers, trainer.xb, trainer.yb)] == storage
     assert_same(want, got, exact=True)
-    last = build_objective("fedlc", torch.bincount(data[-1].y, minlength=C))
+    last = objective_for("fedlc", torch.bincount(data[-1].y, minlength=C))
     assert torch.equal(trainer.objective.margin, last.margin)
     assert torch.equal(trainer.objective.present, last.present)
 
@@ -246,12 +247,13 @@ def _key(cfg: RunConfig, data: ClientData, model: nn.Module | None = None, state
     CUDA key is computed without a GPU)."""
     model = model if model is not None else (convnet if data.mean is not None else mlp)(cfg.method)
     counts = torch.bincount(data.y, minlength=data.num_classes)
-    objective = build_part("method", cfg.to_flower(), PartContext(run=cfg, class_counts=counts, fixed_shapes=True))
+    objective = build_objective(cfg.to_flower(), ObjectiveContext(counts, fixed_shapes=True))
+    objective.load_client_state((state or ClientState()).of("method"))
     received = received if received is not None else Received()
     received.param_names = [n for n, p in model.named_parameters() if p.requires_grad]
     probe = LocalSGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    optimizer = build_part("local-optimizer", cfg.to_flower(), PartContext(run=cfg, sgd=probe, received=received))
-    return trainer_key(model, data, cfg, objective, optimizer.graph_signature(), state or ClientState(), device)
+    optimizer = round_optimizer(cfg, probe, received)
+    return trainer_key(model, data, cfg, objective, optimizer.graph_signature(), device)
 
 
 def test_every_setting_that_shapes_the_step_gives_another_graph():
@@ -281,7 +283,7 @@ def test_every_setting_that_shapes_the_step_gives_another_graph():
     assert _key(base, clients(images=True)[2]) != key  # all classes present: no distillation term
     # MOON's previous model changes what the teacher computes
     moon = config(method="moon", dataset="cifar10")
-    kept = ClientState(previous_model=convnet("moon").state_dict())
+    kept = ClientState({"method": convnet("moon").state_dict()})
     assert _key(moon, images, state=kept) != _key(moon, images)
     # FedGF: its c is a constant of the captured step, its perturbed point a refreshed tensor
     gf = config(method="fedavg", **{"local-optimizer": "fedgf"})
@@ -415,10 +417,6 @@ def test_fedconcat_rounds_graphed_equal_eager_on_cuda():
     from fedvls_flwr.algorithms.fedconcat import HEAD_BIAS, HEAD_WEIGHT
     from fedvls_flwr.algorithms.rounds import ClientRound
 
-    class Kept(dict):
-        def put(self, name, arrays):
-            self[name] = arrays
-
     device = torch.device("cuda")
     data = clients(images=True)
     results = []
@@ -427,15 +425,22 @@ def test_fedconcat_rounds_graphed_equal_eager_on_cuda():
         cfg = config(protocol="fedconcat", dataset="cifar10", device="cuda", augment=False,
                      **{"cuda-graphs": graphs, "num-server-rounds": 3, "fedconcat-encoder-rounds": 1,
                         "fedconcat-clusters": 2, "fedconcat-assignment": "0,1,0,1"})
-        protocol = build_part("protocol", cfg.to_flower(), PartContext(run=cfg))
+        protocol = build_protocol(cfg.to_flower(), RunContext(cfg))
         torch.manual_seed(0)
         start = convnet("fedavg").state_dict()
-        kept = [Kept() for _ in data]
+        kept = [ClientState() for _ in data]  # each node's state, handed to the protocol as the ClientApp does
+
+        def client_train(step: ClientRound, state: ClientState, protocol=protocol) -> dict[str, torch.Tensor]:
+            protocol.load_client_state(state.of("protocol"))
+            weights = protocol.client_train(step).weights
+            state.keep("protocol", protocol.client_state())
+            return weights
+
         encoders = {}
         for k, d in enumerate(data):  # stage 1: each client trains its cluster's model
             step = ClientRound(start, {"fedconcat-stage": 1}, cfg, d, lambda: convnet("fedavg"), device,
-                               torch.Generator().manual_seed(k), ClientState(), kept[k])
-            encoders[k % 2] = protocol.client_train(step).weights
+                               torch.Generator().manual_seed(k), kept[k])
+            encoders[k % 2] = client_train(step, kept[k])
         head = {HEAD_WEIGHT: torch.zeros(C, 16), HEAD_BIAS: torch.zeros(C)}
         sent = {**{f"encoder{c}/{n}": v for c, e in encoders.items() for n, v in e.items()}, **head}
         for r in (2, 3):
@@ -443,8 +448,8 @@ def test_fedconcat_rounds_graphed_equal_eager_on_cuda():
             for k, d in enumerate(data):
                 arrays = sent if r == 2 else head
                 step = ClientRound(arrays, {"fedconcat-stage": 2}, cfg, d, lambda: convnet("fedavg"), device,
-                                   torch.Generator().manual_seed(10 * r + k), ClientState(), kept[k])
-                heads.append(protocol.client_train(step).weights)
+                                   torch.Generator().manual_seed(10 * r + k), kept[k])
+                heads.append(client_train(step, kept[k]))
             head = {n: torch.stack([h[n] for h in heads]).mean(0) for n in head}
         results.append((encoders, head))
     (enc_a, head_a), (enc_b, head_b) = results

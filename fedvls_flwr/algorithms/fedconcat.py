@@ -17,8 +17,8 @@ A protocol in stages (docs/methods.md, "FedConcat"):
    ``fedconcat-head-steps`` mini-batches (3 in the authors' code) of one shuffled pass on
    the head only, with a fresh SGD; the server averages the heads unweighted (every client
    took the same number of steps). The concatenated model is evaluated after every round.
-   Each node gets the K encoders once (kept in its state across rounds); a node that joins
-   late, or lost its state, gets them with its next message.
+   Each node gets the K encoders once (the protocol's client state, kept in the node's state
+   across rounds); a node that joins late, or lost its state, gets them with its next message.
 
 Round state (one flat dict of arrays): ``fedconcat/assignment`` (cluster per partition id, -1
 for unknown), ``cluster<k>/<model key>`` in stage 1; ``encoder<k>/<model key>`` and
@@ -55,11 +55,11 @@ import torch
 from torch import nn
 
 from fedvls_flwr.algorithms.aggregation import ArrayDict, Reply, weighted_average
-from fedvls_flwr.algorithms.parts import PartContext
+from fedvls_flwr.algorithms.fedconcat_spec import fedconcat_assignment
+from fedvls_flwr.algorithms.parts import RunContext, StateDict
 from fedvls_flwr.algorithms.rounds import Assignment, ClientOutcome, ClientRound, RoundProtocol, train_as_usual
 from fedvls_flwr.algorithms.sgd import LocalSGD
 from fedvls_flwr.algorithms.training import TrainResult
-from fedvls_flwr.config.protocol_rules import fedconcat_assignment
 from fedvls_flwr.config.settings import ConfigError
 from fedvls_flwr.data.augment import make_batch_transform
 from fedvls_flwr.models import FeatureTap, classifier_of
@@ -71,7 +71,6 @@ ENCODER_ROUNDS = "encoder-rounds"  # the protocol's own state (the checkpoint's 
 HEAD_WEIGHT, HEAD_BIAS = "head/weight", "head/bias"
 STAGE = "fedconcat-stage"  # message config: 1 or 2
 CLUSTER = "fedconcat-cluster"  # message config (stage 1): the node's cluster
-KEPT_ENCODERS = "fedconcat-encoders"  # a node's kept record: the K frozen encoders
 
 
 def encoder_rounds(num_rounds: int, setting: int) -> int:
@@ -231,18 +230,19 @@ def _concat_model(model: nn.Module, encoders: Mapping[int, Mapping[str, torch.Te
 class FedConcat(RoundProtocol):
     single_model = False
 
-    def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
-        super().__init__(params, context)
-        self.clusters = int(params["fedconcat-clusters"])
-        self.encoder_rounds = encoder_rounds(self.cfg.num_server_rounds, int(params["fedconcat-encoder-rounds"]))
-        self.head_steps = int(params["fedconcat-head-steps"])
-        self.head_init = str(params["fedconcat-head-init"])
-        self.assignment_setting = str(params["fedconcat-assignment"])
+    def __init__(self, settings: Mapping[str, Any], context: RunContext) -> None:
+        super().__init__(settings, context)
+        self.clusters = int(settings["fedconcat-clusters"])
+        self.encoder_rounds = encoder_rounds(self.cfg.num_server_rounds, int(settings["fedconcat-encoder-rounds"]))
+        self.head_steps = int(settings["fedconcat-head-steps"])
+        self.head_init = str(settings["fedconcat-head-init"])
+        self.assignment_setting = str(settings["fedconcat-assignment"])
         self._has_encoders: set[int] = set()  # nodes that hold the frozen encoders (this server's life)
         self._sending_encoders: set[int] = set()
         self._model: nn.Module | None = None
         self.source = "setting" if self.assignment_setting else "k-means"
         self.site_distributions: dict[int, list[float]] = {}
+        self.kept_encoders: StateDict = {}  # a client's: the frozen encoders its node holds
 
     def stage(self, server_round: int) -> int:
         return 1 if server_round <= self.encoder_rounds else 2
@@ -386,17 +386,25 @@ class FedConcat(RoundProtocol):
         }
 
     # ---- client -------------------------------------------------------------------
+    def load_client_state(self, state: StateDict) -> None:
+        """The frozen encoders this node kept (none before they first came)."""
+        self.kept_encoders = dict(state)
+
+    def client_state(self) -> StateDict:
+        """The frozen encoders, kept for the node's next head rounds."""
+        return {k: v.detach().cpu() for k, v in self.kept_encoders.items()}
+
     def client_train(self, step: ClientRound) -> ClientOutcome:
         """Stage 1: the ordinary local training of the cluster's model. Stage 2: the head, over
         the frozen encoders the node keeps."""
         if int(step.config.get(STAGE, 1)) != 2:
             return train_as_usual(step)
         arrays = step.arrays
-        received: dict[str, torch.Tensor] | None = {k: v for k, v in arrays.items() if k.startswith("encoder")}
+        received: dict[str, torch.Tensor] = {k: v for k, v in arrays.items() if k.startswith("encoder")}
         if received:
-            step.kept.put(KEPT_ENCODERS, received)
+            self.kept_encoders = received
         else:
-            received = step.kept.get(KEPT_ENCODERS)
+            received = self.kept_encoders
             if not received:
                 raise RuntimeError("FedConcat stage 2: this node holds no frozen encoders (they come once per node, "
                                    "and its state was lost, e.g. a restarted SuperNode); the server sends them again "

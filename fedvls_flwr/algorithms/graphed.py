@@ -11,8 +11,9 @@ shape, the objective and its settings, the local optimizer and its constants, ba
 * its own copy of the network (and of the frozen teacher, MOON's previous model), into which
   each round copies the received weights in place (``load_state_dict`` copies into the
   existing tensors);
-* the SGD momentum buffers, zeroed in place each round (SGD's first step from a zero buffer,
-  ``0 * m + g``, is the fresh optimizer's ``buf = g`` exactly) or loaded with the carried ones;
+* the SGD momentum buffers, held (``LocalSGD.hold_buffers``) and zeroed in place each round
+  (SGD's first step from a zero buffer, ``0 * m + g``, is the fresh optimizer's ``buf = g``
+  exactly) or loaded with the carried ones (the local optimizer's client state);
 * one objective and one local-optimizer step, into which each client's per-client tensors
   (class counts and what derives from them, FedGF's perturbed global point) are copied in
   place (``Objective.load_client``, ``load_round``); objectives built with
@@ -42,7 +43,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Iterator
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import nn
@@ -50,23 +51,25 @@ from torch import nn
 from fedvls_flwr.algorithms.batchnorm import batch_bounds, has_batchnorm
 from fedvls_flwr.algorithms.device import use_amp, use_channels_last
 from fedvls_flwr.algorithms.downlink import Received
-from fedvls_flwr.algorithms.objectives import Objective
-from fedvls_flwr.algorithms.parts import PartContext, build_part
+from fedvls_flwr.algorithms.local_optim import LocalOptimizer
+from fedvls_flwr.algorithms.objectives.base import Objective, build_objective
+from fedvls_flwr.algorithms.parts import ClientState, ObjectiveContext
 from fedvls_flwr.algorithms.sgd import LocalSGD
 from fedvls_flwr.algorithms.training import (
-    ClientState,
-    LocalOptimizer,
-    NonFiniteLossError,
     StepParts,
     TeacherRows,
     TrainResult,
     _predict,
     _teacher_output,
     autocast_context,
+    check_finite,
+    keep_client_state,
     local_step,
     make_teacher,
     mode_dependent,
     prepare_model,
+    round_optimizer,
+    round_result,
     to_device,
 )
 from fedvls_flwr.config.run_config import RunConfig
@@ -112,7 +115,7 @@ def teacher_plan(objective: Objective, model: nn.Module, augments: bool, cache_t
 
 
 def trainer_key(model: nn.Module, data: ClientData, cfg: RunConfig, objective: Objective, optimizer_signature: tuple,
-                state: ClientState, device: torch.device, cache_teacher: bool = True) -> tuple[Any, ...]:
+                device: torch.device, cache_teacher: bool = True) -> tuple[Any, ...]:
     """Everything that shapes a captured step: two rounds with the same key replay one graph.
     A setting that is a constant of the captured kernels (learning rate, momentum, weight
     decay, the objective's and the optimizer's settings), a shape (network, input, batch,
@@ -120,17 +123,13 @@ def trainer_key(model: nn.Module, data: ClientData, cfg: RunConfig, objective: O
     MOON's previous model, deterministic kernels) is part of it."""
     augments = data.mean is not None and cfg.augment
     plan = teacher_plan(objective, model, augments, cache_teacher)
-    previous = objective.teacher_output == "projections" and state.previous_model is not None
+    previous = objective.teacher_output == "projections" and objective.previous_model is not None
     return (
         str(device), _model_signature(model), tuple(data.x.shape[1:]), data.x.dtype, data.num_classes,
         data.mean, data.std, augments, cfg.batch_size, cfg.lr, cfg.momentum, cfg.weight_decay,
         use_amp(cfg, device), use_channels_last(cfg, device), cfg.deterministic,
         objective.graph_signature(), optimizer_signature, plan, previous,
     )
-
-
-def _round_optimizer(cfg: RunConfig, sgd: LocalSGD, received: Received) -> Any:
-    return build_part("local-optimizer", cfg.to_flower(), PartContext(run=cfg, sgd=sgd, received=received))
 
 
 class GraphedTrainer:
@@ -145,9 +144,9 @@ class GraphedTrainer:
         self.model = prepare_model(copy.deepcopy(model), device, self.channels_last)
         self.sgd = LocalSGD(self.model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
         if self.sgd.momentum != 0.0:
-            self.sgd.buffers = [torch.zeros_like(p) for p in self.sgd.params]
+            self.sgd.hold_buffers()
         self.objective = objective
-        self.optimizer: Any = None
+        self.optimizer: LocalOptimizer | None = None
         self.teacher: nn.Module | None = None
         self.previous: nn.Module | None = None
         if plan == "forward":
@@ -178,16 +177,15 @@ class GraphedTrainer:
             if self.teacher is not None:
                 self.teacher.load_state_dict(model.state_dict())
             if self.previous is not None:
-                assert state.previous_model is not None
-                self.previous.load_state_dict(state.previous_model)
+                assert objective.previous_model is not None
+                self.previous.load_state_dict(objective.previous_model)
         if objective is not self.objective:
             self.objective.load_client(objective)
         self.objective.bind_global(self.model)
-        self._reset_momentum(cfg, state)
-        optimizer = _round_optimizer(cfg, self.sgd, received)
+        optimizer = round_optimizer(cfg, self.sgd, received)
+        optimizer.load_client_state(state.of("local-optimizer"))  # into the held momentum buffers
         if self.optimizer is None:
-            if hasattr(optimizer, "own_round_tensors"):
-                optimizer.own_round_tensors()
+            optimizer.own_round_tensors()
             self.optimizer = optimizer
         else:
             self.optimizer.load_round(optimizer)
@@ -199,7 +197,7 @@ class GraphedTrainer:
         autocast = autocast_context(device, self.amp, cache=not self.capture)
         rows = self._teacher_rows(x, y, cfg, autocast)
         teacher = TeacherRows(self.objective, forward=self._teacher_forward())
-        parts = StepParts(self.model, self.objective, teacher, self.sgd, cast(LocalOptimizer, self.optimizer),
+        parts = StepParts(self.model, self.objective, teacher, self.sgd, self.optimizer,
                           autocast, self.tap, self.transform, self.channels_last)
         bounds = batch_bounds(n, cfg.batch_size, batchnorm=has_batchnorm(self.model))
         self.model.train()
@@ -220,43 +218,13 @@ class GraphedTrainer:
                     terms = local_step(parts, x[idx], y[idx], None if rows is None else rows[idx])
                     self.term_sums.add_(terms, alpha=stop - start)
                 steps += 1
-            if not torch.isfinite(self.term_sums).all():
-                raise NonFiniteLossError(
-                    f"local loss became non-finite with method '{cfg.method}' (lr={cfg.lr}); the update was not sent"
-                )
-        self._keep_state(cfg, state)
+            check_finite(self.term_sums, cfg)
+        # copies: the buffers and the network are this trainer's, the next client's steps overwrite them
+        keep_client_state(state, objective, optimizer, self.model)
         with torch.no_grad():
             model.load_state_dict(self.model.state_dict())
         counts = torch.bincount(y, minlength=data.num_classes)
-        means = (self.term_sums / (n * cfg.local_epochs)).tolist()
-        return TrainResult(
-            num_examples=n, loss=float(sum(means)), terms=dict(zip(self.objective.term_names, means)),
-            num_vacant=int((counts == 0).sum()), class_counts=[int(c) for c in counts.tolist()], steps=steps,
-        )
-
-    def _reset_momentum(self, cfg: RunConfig, state: ClientState) -> None:
-        """Fresh buffers are zeros (SGD's first step then gives buf = g, as a new optimizer);
-        carried ones are copied in (a buffer never used is a zero one)."""
-        if self.sgd.momentum == 0.0:
-            return
-        carried = state.momentum if cfg.optimizer_state == "carry" else None
-        if carried is not None and len(carried) != len(self.sgd.params):
-            raise ValueError(f"carried momentum has {len(carried)} buffers, the model {len(self.sgd.params)}")
-        with torch.no_grad():
-            for i, buf in enumerate(self.sgd.buffers):
-                assert buf is not None
-                saved = None if carried is None else carried[i]
-                if saved is None:
-                    buf.zero_()
-                else:
-                    buf.copy_(saved)
-
-    def _keep_state(self, cfg: RunConfig, state: ClientState) -> None:
-        if cfg.optimizer_state == "carry":
-            # copies: the buffers are this trainer's, the next client's steps overwrite them
-            state.momentum = [None if b is None else b.detach().to("cpu", copy=True) for b in self.sgd.buffers]
-        if self.objective.keeps_previous_model:
-            state.previous_model = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        return round_result(self.term_sums, steps, n, cfg, self.objective, counts)
 
     def _teacher_forward(self) -> Any:
         if self.teacher is None:
@@ -338,14 +306,14 @@ class GraphedTrainer:
 def round_key(model: nn.Module, data: ClientData, cfg: RunConfig, *, device: torch.device, state: ClientState,
               received: Received, cache_teacher: bool = True, capture: bool = True) -> tuple[tuple[Any, ...], Objective]:
     """The trainer this round needs (:func:`trainer_key`, and whether it captures), with the
-    round's objective (built with fixed shapes for this client)."""
+    round's objective (built with fixed shapes for this client, holding what it kept)."""
     counts = torch.bincount(to_device(data.y, device), minlength=data.num_classes)
-    values = cfg.to_flower()
-    objective: Objective = build_part("method", values, PartContext(run=cfg, class_counts=counts, fixed_shapes=True))
+    objective = build_objective(cfg.to_flower(), ObjectiveContext(counts, fixed_shapes=True))
+    objective.load_client_state(state.of("method"))
     received.param_names = [name for name, p in model.named_parameters() if p.requires_grad]
     probe = LocalSGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    signature = _round_optimizer(cfg, probe, received).graph_signature()
-    return (*trainer_key(model, data, cfg, objective, signature, state, device, cache_teacher), capture), objective
+    signature = round_optimizer(cfg, probe, received).graph_signature()
+    return (*trainer_key(model, data, cfg, objective, signature, device, cache_teacher), capture), objective
 
 
 def train_graphed(model: nn.Module, data: ClientData, cfg: RunConfig, *, device: torch.device,
@@ -361,7 +329,7 @@ def train_graphed(model: nn.Module, data: ClientData, cfg: RunConfig, *, device:
         trainer = _TRAINERS.pop(key, None)  # taken out while in use: another thread builds its own
     if trainer is None:
         plan = teacher_plan(objective, model, data.mean is not None and cfg.augment, cache_teacher)
-        previous = objective.teacher_output == "projections" and state.previous_model is not None
+        previous = objective.teacher_output == "projections" and objective.previous_model is not None
         trainer = GraphedTrainer(model, data, cfg, device, objective, plan, previous, capture)
     try:
         return trainer.train(model, data, cfg, generator, state, objective, received)

@@ -24,24 +24,22 @@ import copy
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import cast
 
 import torch
 from torch import nn
 
+from fedvls_flwr.algorithms.batchnorm import batch_bounds, has_batchnorm
+from fedvls_flwr.algorithms.device import use_amp, use_channels_last
+from fedvls_flwr.algorithms.downlink import Received
+from fedvls_flwr.algorithms.local_optim import LocalOptimizer, build_local_optimizer
+from fedvls_flwr.algorithms.objectives.base import Objective, build_objective
+from fedvls_flwr.algorithms.parts import ClientState, LocalOptimizerContext, ObjectiveContext
+from fedvls_flwr.algorithms.sgd import LocalSGD
 from fedvls_flwr.config.run_config import RunConfig
 from fedvls_flwr.data.augment import BatchTransform, make_batch_transform
 from fedvls_flwr.data.node_data import ClientData
 from fedvls_flwr.models import FeatureTap, ProjectionModel
-
-if TYPE_CHECKING:
-    from fedvls_flwr.algorithms.local_optim import Closure
-from fedvls_flwr.algorithms.batchnorm import batch_bounds, has_batchnorm
-from fedvls_flwr.algorithms.device import use_amp, use_channels_last
-from fedvls_flwr.algorithms.downlink import Received
-from fedvls_flwr.algorithms.objectives import Objective
-from fedvls_flwr.algorithms.parts import PartContext, build_part
-from fedvls_flwr.algorithms.sgd import LocalSGD
 
 logger = logging.getLogger(__name__)
 
@@ -101,16 +99,6 @@ def make_teacher(model: nn.Module, mode: str) -> nn.Module:
     return teacher
 
 
-@dataclass
-class ClientState:
-    """What a client keeps from one round to the next (Flower's ``Context.state`` in the
-    ClientApp): MOON's previous local model, and the momentum buffers when
-    ``optimizer-state = "carry"``. Empty for a client's first round."""
-
-    previous_model: dict[str, torch.Tensor] | None = None
-    momentum: list[torch.Tensor | None] | None = None
-
-
 def _teacher_output(objective: Objective, global_model: nn.Module, previous: nn.Module | None) -> Callable:
     """The function of a batch whose output objective.prepare_teacher takes."""
     if objective.teacher_output == "logits":
@@ -138,15 +126,15 @@ class TeacherRows:
     forward: Callable | None = None
 
     @classmethod
-    def build(cls, objective: Objective, model: nn.Module, state: ClientState, x: torch.Tensor, y: torch.Tensor,
+    def build(cls, objective: Objective, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
               transform: BatchTransform, autocast: contextlib.AbstractContextManager, cfg: RunConfig,
               device: torch.device, cache: bool) -> TeacherRows:
         if not objective.needs_teacher:
             return cls(objective)
         previous = None
-        if objective.teacher_output == "projections" and state.previous_model is not None:
+        if objective.teacher_output == "projections" and objective.previous_model is not None:
             previous = make_teacher(model, "eval")
-            previous.load_state_dict(state.previous_model)
+            previous.load_state_dict(objective.previous_model)
             previous.to(device)
         train_mode = objective.teacher_mode == "train"
         deterministic = not transform.augments and not (train_mode and mode_dependent(model))
@@ -239,23 +227,16 @@ def local_step(parts: StepParts, xb: torch.Tensor, yb: torch.Tensor, teacher_row
     return parts.optimizer.step(closure)
 
 
-def _local_sgd(model: nn.Module, cfg: RunConfig, state: ClientState, device: torch.device) -> LocalSGD:
-    """torch.optim.SGD's update without torch.optim's import cost (see sgd.py); a fresh
-    optimizer every round unless optimizer-state = carry."""
-    sgd = LocalSGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    if cfg.optimizer_state == "carry" and state.momentum is not None:
-        if len(state.momentum) != len(sgd.buffers):
-            raise ValueError(f"carried momentum has {len(state.momentum)} buffers, the model {len(sgd.buffers)}")
-        sgd.buffers = [None if b is None else b.to(device) for b in state.momentum]
-    return sgd
+def keep_client_state(state: ClientState, objective: Objective, optimizer: LocalOptimizer, trained: nn.Module) -> None:
+    """What the local training's parts keep for the node's next round (MOON's model, carried momentum)."""
+    state.keep("method", objective.client_state(trained))
+    state.keep("local-optimizer", optimizer.client_state())
 
 
-def _keep_state(state: ClientState, cfg: RunConfig, objective: Objective, sgd: LocalSGD, model: nn.Module) -> None:
-    """What the next round of this client starts from: carried momentum, MOON's previous model."""
-    if cfg.optimizer_state == "carry":
-        state.momentum = [None if b is None else b.detach().cpu() for b in sgd.buffers]
-    if objective.keeps_previous_model:
-        state.previous_model = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+def round_optimizer(cfg: RunConfig, sgd: LocalSGD, received: Received) -> LocalOptimizer:
+    """The run's local optimizer driving ``sgd`` this round, with what the server sent."""
+    context = LocalOptimizerContext(sgd, received, carry_momentum=cfg.optimizer_state == "carry")
+    return build_local_optimizer(cfg.to_flower(), context)
 
 
 def train_local(
@@ -280,9 +261,10 @@ def train_local(
     (``data.mean``/``data.std`` given); data stored normalised pass through unchanged.
     ``cfg.amp`` enables bfloat16 autocast when ``device`` is CUDA (see the module docstring).
     ``cache_teacher=False`` forces the teacher's forward pass on every batch (the reference
-    the once-per-round cache is tested against). ``state`` is read and updated in place
-    (MOON's previous model, carried momentum). ``received``: what the server sent besides the
-    weights for the run's local optimizer (FedGF's perturbed global point and c).
+    the once-per-round cache is tested against). ``state``: what the objective and the local
+    optimizer keep on the node between rounds (MOON's previous model, carried momentum), read
+    and updated in place. ``received``: what the server sent besides the weights for the run's
+    local optimizer (FedGF's perturbed global point and c).
     """
     state = state if state is not None else ClientState()
     received = received if received is not None else Received()
@@ -294,46 +276,73 @@ def train_local(
     channels_last = use_channels_last(cfg, device)
     prepare_model(model, device, channels_last)
     x, y = to_device(data.x, device), to_device(data.y, device)
-    n = x.shape[0]
     # BatchNorm: no step on a tiny last batch (it joins the one before; see batchnorm.py)
-    bounds = batch_bounds(n, cfg.batch_size, batchnorm=has_batchnorm(model))
+    bounds = batch_bounds(x.shape[0], cfg.batch_size, batchnorm=has_batchnorm(model))
     counts = torch.bincount(y, minlength=data.num_classes)
+    parts = _step_parts(model, data, cfg, state, received, x, y, counts, generator, device, cache_teacher,
+                        channels_last)
+    try:
+        term_sums, steps = _epochs(parts, x, y, bounds, cfg, generator, device)
+    finally:
+        if parts.tap is not None:
+            parts.tap.remove()
+    keep_client_state(state, parts.objective, parts.optimizer, model)
+    return round_result(term_sums, steps, x.shape[0], cfg, parts.objective, counts)
+
+
+def _step_parts(model: nn.Module, data: ClientData, cfg: RunConfig, state: ClientState, received: Received,
+                x: torch.Tensor, y: torch.Tensor, counts: torch.Tensor, generator: torch.Generator,
+                device: torch.device, cache_teacher: bool, channels_last: bool) -> StepParts:
+    """The round's objective (with what it kept), its teacher, the SGD update and the local
+    optimizer driving it (with the momentum it kept), the transform and the feature tap."""
     values = cfg.to_flower()
-    objective: Objective = build_part("method", values, PartContext(run=cfg, class_counts=counts))
+    objective = build_objective(values, ObjectiveContext(counts))
+    objective.load_client_state(state.of("method"))
     transform = make_batch_transform(data.mean, data.std, train=True, augment=cfg.augment, generator=generator)
     transform.generator = augmentation_generator(transform.generator, device)
     autocast = autocast_context(device, use_amp(cfg, device))
     objective.bind_global(model)
-    teacher = TeacherRows.build(objective, model, state, x, y, transform, autocast, cfg, device, cache_teacher)
-    sgd = _local_sgd(model, cfg, state, device)
+    teacher = TeacherRows.build(objective, model, x, y, transform, autocast, cfg, device, cache_teacher)
+    # torch.optim.SGD's update without torch.optim's import cost (see sgd.py)
+    sgd = LocalSGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     received.param_names = [name for name, p in model.named_parameters() if p.requires_grad]
-    optimizer: LocalOptimizer = build_part("local-optimizer", values, PartContext(run=cfg, sgd=sgd, received=received))
+    optimizer = round_optimizer(cfg, sgd, received)
+    optimizer.load_client_state(state.of("local-optimizer"))
     tap = FeatureTap(model) if objective.features == "penultimate" else None
-    parts = StepParts(model, objective, teacher, sgd, optimizer, autocast, tap, transform, channels_last)
+    return StepParts(model, objective, teacher, sgd, optimizer, autocast, tap, transform, channels_last)
 
-    def step(idx: torch.Tensor) -> torch.Tensor:
-        """One optimizer step on the batch ``idx``; its loss terms (detached, on the device)."""
-        return local_step(parts, x[idx], y[idx], None if teacher.rows is None else teacher.rows[idx])
 
-    model.train()
-    # sum over samples of each term (term_names order); the loss is their sum
-    term_sums = torch.zeros(len(objective.term_names), device=device)
+def _epochs(parts: StepParts, x: torch.Tensor, y: torch.Tensor, bounds: list[tuple[int, int]], cfg: RunConfig,
+            generator: torch.Generator, device: torch.device) -> tuple[torch.Tensor, int]:
+    """``local-epochs`` passes over the data in the generator's order: the sum over samples of
+    each loss term (``term_names`` order; the loss is their sum) and the number of steps."""
+    rows = parts.teacher.rows
+    parts.model.train()
+    term_sums = torch.zeros(len(parts.objective.term_names), device=device)
     steps = 0
-    try:
-        for _ in range(cfg.local_epochs):
-            order = torch.randperm(n, generator=generator).to(device)
-            for start, stop in bounds:
-                idx = order[start:stop]
-                term_sums.add_(step(idx), alpha=idx.shape[0])
-                steps += 1
-            if not torch.isfinite(term_sums).all():
-                raise NonFiniteLossError(
-                    f"local loss became non-finite with method '{cfg.method}' (lr={cfg.lr}); the update was not sent"
-                )
-    finally:
-        if tap is not None:
-            tap.remove()
-    _keep_state(state, cfg, objective, sgd, model)
+    n = x.shape[0]
+    for _ in range(cfg.local_epochs):
+        order = torch.randperm(n, generator=generator).to(device)
+        for start, stop in bounds:
+            idx = order[start:stop]
+            terms = local_step(parts, x[idx], y[idx], None if rows is None else rows[idx])
+            term_sums.add_(terms, alpha=idx.shape[0])
+            steps += 1
+        check_finite(term_sums, cfg)
+    return term_sums, steps
+
+
+def check_finite(term_sums: torch.Tensor, cfg: RunConfig) -> None:
+    """Stop a round whose loss became NaN or infinite (read once per epoch)."""
+    if not torch.isfinite(term_sums).all():
+        raise NonFiniteLossError(
+            f"local loss became non-finite with method '{cfg.method}' (lr={cfg.lr}); the update was not sent"
+        )
+
+
+def round_result(term_sums: torch.Tensor, steps: int, n: int, cfg: RunConfig, objective: Objective,
+                 counts: torch.Tensor) -> TrainResult:
+    """The round's numbers: the mean of each loss term per sample and epoch, the client's labels."""
     means = (term_sums / (n * cfg.local_epochs)).tolist()
     return TrainResult(
         num_examples=n,
@@ -343,10 +352,6 @@ def train_local(
         class_counts=[int(c) for c in counts.tolist()],
         steps=steps,
     )
-
-
-class LocalOptimizer(Protocol):
-    def step(self, closure: Closure) -> torch.Tensor: ...
 
 
 def mode_dependent(model: nn.Module) -> bool:

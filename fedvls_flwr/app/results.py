@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedvls_flwr.config.part_settings import unread_settings
 from fedvls_flwr.config.settings import ConfigError, edit_distance
+from fedvls_flwr.config.unread import unread_settings
 
 if TYPE_CHECKING:
     from fedvls_flwr.config.run_config import RunConfig

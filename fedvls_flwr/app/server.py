@@ -206,7 +206,7 @@ class ServerRun:
             log(INFO, "federation: %d simulated SuperNodes (Flower's warning above is about its default, said in "
                 "every simulation; the size is --federation-config \"num-supernodes=N\")", len(list(grid.get_node_ids())))
         self.strategy = RunStrategy(cfg)
-        self.strategy.protocol.bind_model(self.model)
+        self.strategy.bind_model(self.model)
         self.saved_arrays = None if saved_arrays is None else self.strategy.load_server_state(saved_arrays)
         self.clients: dict[int, list[int]] = {}  # partition id -> class counts, as clients.json keeps them
         self.class_counts = KnownClassCounts(cfg, is_simulation(grid), lambda: len(list(grid.get_node_ids())))
@@ -220,14 +220,14 @@ class ServerRun:
             raise _write_failed(err, self.cfg, self.run_dir, self.saved_round, self.cfg.num_server_rounds) from err
 
     def evaluate_global(self, arrays: ArrayRecord, server_round: int = 0) -> dict:
-        """The accuracy a round reports, of the model the server optimizer says to evaluate
-        (FedExP may average the last two) as the protocol builds it (None: nothing to test,
-        e.g. FedConcat's first stage)."""
-        state = self.strategy.server_optimizer.evaluation_arrays(to_numpy_dict(arrays))
+        """The accuracy a round reports, of the model the strategy says to evaluate (the server
+        optimizer's choice of arrays, FedExP may average the last two, as the protocol builds
+        it; none to test in FedConcat's first stage)."""
+        state = self.strategy.evaluation_arrays(arrays)
         if self.bundle is None:
             return {**self.strategy.evaluate_federated(self.grid, to_array_record(state), server_round),
                     "evaluation": "federated"}
-        model = self.strategy.protocol.evaluation_model(state, self.model, server_round)
+        model = self.strategy.evaluation_model(state, server_round)
         if model is None:
             return {"accuracy": None, "loss": None, "per_class_accuracy": None, "evaluation": "none"}
         res = evaluate(
@@ -243,15 +243,13 @@ class ServerRun:
         """One line of rounds.jsonl: the evaluation, the clients' training, failures, seconds."""
         record = {
             "round": server_round,
-            **self.strategy.protocol.round_info(server_round),
+            **self.strategy.round_info(server_round),
             **metrics,
             "train": with_mean_vacant(report.train_metrics, report.clients, self.class_counts.of(report.clients)),
             "drift_diversity": report.drift_diversity,
             **report.server_parts,
             "clients_sampled": report.sampled,
-            "sampled_partitions": sorted(
-                (self.strategy.nodes.partitions.get(n) for n in report.sampled_nodes), key=lambda p: (p is None, p or 0)
-            ),
+            "sampled_partitions": self.strategy.partitions_of(report.sampled_nodes),
             "clients_accepted": report.accepted,
             "clients_failed": len(report.failed),
             "clients_rejected": len(report.rejected),
@@ -319,9 +317,9 @@ class ServerRun:
         state = self.strategy.initial_state(self.grid, model_arrays)
         initial = to_array_record(state) if state is not model_arrays else ArrayRecord(
             {k: v.detach().cpu() for k, v in self.model.state_dict().items()})
-        round0 = {"round": 0, **self.strategy.protocol.round_info(0), **self.evaluate_global(initial), "seconds": 0.0}
+        round0 = {"round": 0, **self.strategy.round_info(0), **self.evaluate_global(initial), "seconds": 0.0}
         with self.results_written():
-            if (about := self.strategy.protocol.describe(state)) is not None:
+            if (about := self.strategy.describe(state)) is not None:
                 atomic_write_json(self.run_dir / PROTOCOL_FILE, about)
             self._append_round(round0)
         if self.evaluation == "federated" and not round0.get("eval_nodes"):
@@ -337,7 +335,7 @@ class ServerRun:
         federation asks for one. CPU runs send no extra message."""
         if self.cfg.device == "cpu" or (self.cfg.device == "auto" and not torch.cuda.is_available()):
             return
-        devices = self.strategy.nodes.client_devices(self.grid)
+        devices = self.strategy.client_devices(self.grid)
         problem = gpu_left_unused(self.cfg.device, torch.cuda.is_available(), devices, is_simulation(self.grid))
         if problem is not None and problem.error:
             raise ConfigError(problem.message)

@@ -25,8 +25,9 @@ from typing import Any
 from fedvls_flwr.config.catalogue import DATASETS, DEFAULT_MODELS, IMAGE_DATASETS, MODELS, MODELS_WITHOUT_ENCODER, resolved_model
 from fedvls_flwr.config.fields import RunConfigFields
 from fedvls_flwr.config.general import GENERAL_SETTINGS
-from fedvls_flwr.config.registry import Selection, method_settings, run_parts
+from fedvls_flwr.config.registry import method_settings, run_parts
 from fedvls_flwr.config.settings import ConfigError, Setting, closest
+from fedvls_flwr.config.spec import Selection
 
 __all__ = [
     "ConfigError", "RunConfig", "SETTINGS", "GENERAL_SETTINGS", "IMAGE_DATASETS", "DATASETS", "MODELS",

@@ -40,10 +40,10 @@ from fedvls_flwr.app.ray_address import check_cluster_settings, simulation_room_
 from fedvls_flwr.app.tracking import check_tracking
 from fedvls_flwr.config.args import parse_run_config_args
 from fedvls_flwr.config.federation_config import check_federation_config
-from fedvls_flwr.config.part_settings import check_given_settings_apply
 from fedvls_flwr.config.registry import run_parts
 from fedvls_flwr.config.run_config import ConfigError, RunConfig, model_name, parse_run_config
 from fedvls_flwr.config.unmeant import rounds_warning
+from fedvls_flwr.config.unread import check_given_settings_apply
 
 if TYPE_CHECKING:
     from fedvls_flwr.data.bundle import DatasetBundle
@@ -183,7 +183,7 @@ def check_run_config(
     """The validated config, or an exception whose message says what is wrong.
 
     ``typed``: ``overrides`` are what a user typed (not a preset's run), so each must be read
-    by a part the run selects (:func:`~fedvls_flwr.config.part_settings.check_given_settings_apply`).
+    by a part the run selects (:func:`~fedvls_flwr.config.unread.check_given_settings_apply`).
 
     Raises ConfigError (a key), DatasetNotFoundError (the data), PartitionError /
     NodeDataError (the partition for ``num_supernodes`` nodes), and with ``this_machine``

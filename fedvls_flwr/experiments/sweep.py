@@ -40,8 +40,8 @@ import yaml
 from fedvls_flwr.app.ray_address import check_ray_address, ray_address
 from fedvls_flwr.app.results import SUMMARY_FILE, atomic_write_json
 from fedvls_flwr.config.args import parse_items, seconds
-from fedvls_flwr.config.part_settings import unread_settings
 from fedvls_flwr.config.run_config import ConfigError, RunConfig, parse_run_config
+from fedvls_flwr.config.unread import unread_settings
 from fedvls_flwr.experiments.preset import (
     FEDERATION_KEYS,
     Preset,

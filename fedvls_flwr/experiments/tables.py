@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from fedvls_flwr.config.part_settings import unread_settings
 from fedvls_flwr.config.registry import method_settings, run_parts
 from fedvls_flwr.config.run_config import RunConfig
+from fedvls_flwr.config.unread import unread_settings
 from fedvls_flwr.experiments.runs import (
     IGNORED_KEYS,
     RunRecord,

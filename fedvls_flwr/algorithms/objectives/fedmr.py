@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedvls_flwr.algorithms.objectives.base import Objective, as_float
-from fedvls_flwr.algorithms.parts import PartContext
+from fedvls_flwr.algorithms.parts import ObjectiveContext
 
 #: The authors' epsilon inside the square root of the per-class variance.
 MR_EPS = 1e-8
@@ -87,9 +87,9 @@ class FedMRObjective(Objective):
     term_names = ("ce", "deco")
     features = "penultimate"
 
-    def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
-        super().__init__(params, context)
-        self.deco = float(params["fedmr-deco"])
+    def __init__(self, settings: Mapping[str, Any], context: ObjectiveContext) -> None:
+        super().__init__(settings, context)
+        self.deco = float(settings["fedmr-deco"])
 
     def _compute_with_features(
         self, logits: Tensor, targets: Tensor, teacher: Tensor | None, features: Tensor

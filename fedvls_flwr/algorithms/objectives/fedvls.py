@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedvls_flwr.algorithms.objectives.base import MASK_VALUE, PRIOR_EPS, Objective, as_float
-from fedvls_flwr.algorithms.parts import PartContext
+from fedvls_flwr.algorithms.parts import ObjectiveContext
 
 
 class FedVLSObjective(Objective):
@@ -33,12 +33,12 @@ class FedVLSObjective(Objective):
     paper = False
     logit_weight_key = "logit-weight"
 
-    def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
-        super().__init__(params, context)
-        self.lambda_dis = float(params["lambda-dis"])
-        self.logit_weight = float(params[self.logit_weight_key])
-        self.use_dis = bool(params["use-dis"]) and self.num_vacant >= 2 and self.lambda_dis != 0.0
-        self.use_logit = bool(params["use-logit"]) and self.logit_weight != 0.0
+    def __init__(self, settings: Mapping[str, Any], context: ObjectiveContext) -> None:
+        super().__init__(settings, context)
+        self.lambda_dis = float(settings["lambda-dis"])
+        self.logit_weight = float(settings[self.logit_weight_key])
+        self.use_dis = bool(settings["use-dis"]) and self.num_vacant >= 2 and self.lambda_dis != 0.0
+        self.use_logit = bool(settings["use-logit"]) and self.logit_weight != 0.0
         self.needs_teacher = self.use_dis
         C = self.num_classes
         log_prior_eps = torch.log(self.prior + PRIOR_EPS)  # (C,) float64
