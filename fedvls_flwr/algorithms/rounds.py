@@ -11,7 +11,7 @@ frozen encoders. The strategy runs any protocol through the hooks below and name
   later the encoders and the head. The checkpoint holds it, beside what the protocol fixed
   when the run started (:meth:`RoundProtocol.state`, as every server part's);
 * :meth:`RoundProtocol.initial_state` builds it before round 1, from the fresh model and
-  the per-site statistics the protocol declares in its registry entry (``Part.shares``),
+  the per-site statistics the protocol declares in its spec (``Part.shares``),
   which the server asks the sites for once;
 * :meth:`RoundProtocol.plan` says, per sampled node, what its message carries
   (:class:`Assignment`: arrays, extra config, the group its reply joins, the layout its

@@ -332,6 +332,19 @@ def read_resume_point(run_dir: Path, config: dict[str, Any]) -> ResumePoint:
     """
     run_dir = Path(run_dir)
     notes: list[str] = []
+    _check_same_settings(run_dir, config, notes)
+    state_round, state_why = _state_round(run_dir / STATE_FILE)
+    ck_round, arrays = _load_checkpoint_for_resume(run_dir / CHECKPOINT_FILE, state_round)
+    records, bad = _read_rounds_for_resume(run_dir / ROUNDS_FILE)
+    done = _completed_round(run_dir, ck_round, state_round, state_why, records, notes)
+    _check_not_past_the_end(run_dir, config, done)
+    kept = _rounds_up_to(run_dir / ROUNDS_FILE, done, records, bad, notes)
+    return ResumePoint(done, arrays, kept, notes)
+
+
+def _check_same_settings(run_dir: Path, config: dict[str, Any], notes: list[str]) -> None:
+    """The run config a run is resumed with must be the one it was started with, but for what
+    may change (:data:`RESUMABLE_CHANGES`) and the settings nothing in the run reads."""
     saved, note = _saved_config(run_dir)
     if note:
         notes.append(note)
@@ -346,14 +359,20 @@ def read_resume_point(run_dir: Path, config: dict[str, Any]) -> ResumePoint:
             "torch-threads, output-dir, run-name and tracking may change), or start a new run-name"
         )
 
-    checkpoint = run_dir / CHECKPOINT_FILE
-    state_path = run_dir / STATE_FILE
-    rounds_path = run_dir / ROUNDS_FILE
+
+def _state_round(state_path: Path) -> tuple[int | None, str | None]:
+    """The round state.json names (None if it names none) and why it names none."""
     state, state_why = _read_json_file(state_path)
     state_round = state.get("round") if isinstance(state, dict) else None
     if not isinstance(state_round, int) or isinstance(state_round, bool) or state_round < 0:
         state_why = state_why or f"not a JSON object with a round number ({str(state)[:80]!r})"
         state_round = None
+    return state_round, state_why
+
+
+def _load_checkpoint_for_resume(checkpoint: Path, state_round: int | None) -> tuple[int | None, dict[str, np.ndarray]]:
+    """The checkpoint's round (None if it records none) and its arrays; a missing or damaged
+    checkpoint ends the resume, naming what is lost and what is intact."""
     if not checkpoint.exists():
         raise RunFolderError(
             f"resume: {checkpoint} is missing (state.json says round {state_round}); the global model "
@@ -361,7 +380,7 @@ def read_resume_point(run_dir: Path, config: dict[str, Any]) -> ResumePoint:
             "from a copy of the folder, or start a new run (another run-name)."
         )
     try:
-        ck_round, arrays = load_checkpoint(checkpoint)
+        return load_checkpoint(checkpoint)
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as err:
         # np.load: BadZipFile (a truncated .npz), ValueError/EOFError (a damaged member)
         last = "an unknown round" if state_round is None else f"round {state_round}"
@@ -372,7 +391,12 @@ def read_resume_point(run_dir: Path, config: dict[str, Any]) -> ResumePoint:
             "folder, or start the run again (another run-name)."
         ) from None
 
-    records, bad = _read_rounds_for_resume(rounds_path)
+
+def _completed_round(run_dir: Path, ck_round: int | None, state_round: int | None, state_why: str | None,
+                     records: list[dict[str, Any]], notes: list[str]) -> int:
+    """The last completed round: the checkpoint's (state.json stale by one round, or unreadable,
+    is noted), else state.json's; files from different points of the run end the resume."""
+    checkpoint, state_path = run_dir / CHECKPOINT_FILE, run_dir / STATE_FILE
     if ck_round is not None:
         done = ck_round
         if state_round is None:
@@ -388,19 +412,22 @@ def read_resume_point(run_dir: Path, config: dict[str, Any]) -> ResumePoint:
                 "the files come from different points of the run (a partial copy?). Restore the "
                 "folder from one consistent copy, or start a new run (another run-name)."
             )
-    elif state_round is not None:
-        done = state_round
-    else:
-        last_round = max((r["round"] for r in records), default=None)
-        raise RunFolderError(
-            f"resume: {state_path} is {state_why}, and {checkpoint} "
-            "does not record its round, so which round it holds cannot be established safely"
-            + (f" (rounds.jsonl ends with round {last_round}, but the server may have stopped before that "
-               "round's checkpoint). If you know the checkpoint holds round N, write "
-               '{"round": N} into state.json' if last_round is not None else ". Restore state.json")
-            + "; otherwise start a new run (another run-name)."
-        )
+        return done
+    if state_round is not None:
+        return state_round
+    last_round = max((r["round"] for r in records), default=None)
+    raise RunFolderError(
+        f"resume: {state_path} is {state_why}, and {checkpoint} "
+        "does not record its round, so which round it holds cannot be established safely"
+        + (f" (rounds.jsonl ends with round {last_round}, but the server may have stopped before that "
+           "round's checkpoint). If you know the checkpoint holds round N, write "
+           '{"round": N} into state.json' if last_round is not None else ". Restore state.json")
+        + "; otherwise start a new run (another run-name)."
+    )
 
+
+def _check_not_past_the_end(run_dir: Path, config: dict[str, Any], done: int) -> None:
+    """A run does not go back: resuming with fewer rounds than it completed is refused."""
     asked = config.get("num-server-rounds")
     if isinstance(asked, int) and done > asked:
         raise RunFolderError(
@@ -408,6 +435,12 @@ def read_resume_point(run_dir: Path, config: dict[str, Any]) -> ResumePoint:
             f"a run does not go back. To train it further, resume with num-server-rounds > {done}; for a "
             f"{asked}-round result start a new run-name (this run's rounds 1..{asked} are in its {ROUNDS_FILE})"
         )
+
+
+def _rounds_up_to(rounds_path: Path, done: int, records: list[dict[str, Any]], bad: list[int],
+                  notes: list[str]) -> list[dict[str, Any]]:
+    """rounds.jsonl's records of rounds 0..done, which must all be there, in order and
+    readable; torn or later lines after them are noted (their rounds run again)."""
     kept = [r for r in records if r["round"] <= done]
     got = [r["round"] for r in kept]
     if got != list(range(done + 1)):
@@ -432,7 +465,7 @@ def read_resume_point(run_dir: Path, config: dict[str, Any]) -> ResumePoint:
     later = [r["round"] for r in records if r["round"] > done]
     if later:
         notes.append(f"{ROUNDS_FILE} round(s) {later} came after the checkpoint's round {done} and are run again")
-    return ResumePoint(done, arrays, [{k: v for k, v in r.items() if k != "_line"} for r in kept], notes)
+    return [{k: v for k, v in r.items() if k != "_line"} for r in kept]
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """RunConfig's fields: one per run-config key (``foo-bar`` -> ``foo_bar``), typed, with its default.
 
-Generated from the Setting declarations (config/general.py, config/registry.py) by
+Generated from the Setting declarations (config/general.py, the parts' specs algorithms/**/*_spec.py) by
 ``fedvls config --write``; do not edit (a test fails when this file is stale).
 """
 

@@ -1,5 +1,6 @@
 """The general run settings, declared once and grouped as the docs show them (each method's and
-optimizer's own settings are declared with it in :mod:`fedvls_flwr.config.registry`).
+optimizer's own settings are declared in its spec, beside its implementation: ``algorithms/**/*_spec.py``,
+listed by :mod:`fedvls_flwr.config.registry`).
 
 Adding a setting: one ``Setting(...)`` in its group below, then ``fedvls config --write``
 regenerates what derives from the declarations (RunConfig's fields, pyproject's

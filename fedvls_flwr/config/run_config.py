@@ -6,7 +6,8 @@ frozen :class:`RunConfig` or raises :class:`ConfigError` naming the key, the val
 what is allowed - before Ray, a SuperLink or a dataset spends any time.
 
 Each setting is declared once, as a :class:`~fedvls_flwr.config.settings.Setting`: the general
-ones in :mod:`fedvls_flwr.config.general`, each method's own in :mod:`fedvls_flwr.config.registry`.
+ones in :mod:`fedvls_flwr.config.general`, each part's own in its spec (``algorithms/**/*_spec.py``,
+listed by :mod:`fedvls_flwr.config.registry`).
 :class:`RunConfig`'s typed fields (one per key, ``foo-bar`` -> ``foo_bar``), pyproject's
 ``[tool.flwr.app.config]`` and docs/configuration.md are generated from those declarations
 (``fedvls config --write``; tests fail when one is stale). Torch-free.
