@@ -39,6 +39,14 @@ __all__ = [
 SETTINGS: tuple[Setting, ...] = GENERAL_SETTINGS + method_settings()
 _BY_KEY = {s.key: s for s in SETTINGS}
 assert len(_BY_KEY) == len(SETTINGS), "a run-config key is declared twice"
+_FIELDS = [f.name for f in dataclasses.fields(RunConfigFields)]
+if _FIELDS != [s.name for s in SETTINGS]:  # a setting declared (or removed) since fields.py was generated
+    raise ImportError(
+        "fedvls_flwr/config/fields.py does not match the declared settings "
+        f"(not generated: {sorted({s.key for s in SETTINGS} - {f.replace('_', '-') for f in _FIELDS})}; "
+        f"no longer declared: {sorted({f.replace('_', '-') for f in _FIELDS} - {s.key for s in SETTINGS})}): "
+        "run `fedvls config --write` (or `python -m fedvls_flwr config --write`) to regenerate it"
+    )
 
 
 class RunConfig(RunConfigFields):
