@@ -203,6 +203,16 @@ REFS = {
     "fedvls-paper": ref_fedvls_paper,
 }
 
+def test_every_logit_objective_has_a_loop_reference():
+    """A registered objective of the logits alone is checked below against its loop reference;
+    one without a reference would fail there with a bare KeyError."""
+    missing = [m for m in LOGIT_METHODS if m not in REFS]
+    assert not missing, (
+        f"no loop reference for {missing}: write ref_<name> above from the method's paper or its authors' "
+        "code (python loops over samples and classes, float64) and add it to REFS"
+    )
+
+
 # ----------------------------------------------------------------------------------------
 # Helpers
 # ----------------------------------------------------------------------------------------
