@@ -19,6 +19,12 @@ def fedconcat_assignment(text: str) -> list[int]:
     return [int(v) for v in text.split(",")] if text else []
 
 
+def fedconcat_needs_shares(values: Mapping[str, Any]) -> bool:
+    """FedConcat needs the sites' label distributions for its K-means only: with
+    ``fedconcat-assignment`` given, nothing is asked and nothing is shared."""
+    return not fedconcat_assignment(str(values.get("fedconcat-assignment", "")))
+
+
 def fedconcat_rules(values: Mapping[str, Any], selection: Selection) -> str | None:
     """What FedConcat needs of the rest of the run config."""
     rounds, k = int(values["num-server-rounds"]), int(values["fedconcat-clusters"])

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedvls_flwr.config.local_optimizer_rules import fedgf_rules
-from fedvls_flwr.config.protocol_rules import fedconcat_federation_rules, fedconcat_rules
+from fedvls_flwr.config.protocol_rules import fedconcat_federation_rules, fedconcat_needs_shares, fedconcat_rules
 from fedvls_flwr.config.settings import Setting, at_least, between, greater
 
 # --------------------------------------------------------------------------- settings
@@ -190,6 +190,10 @@ class Part:
         :data:`SITE_STATISTICS`). A site's reply carries only what the run's parts declare
         here: FedAvg, FedLC, FedNTD and FedVLS declare nothing, so no label distribution
         leaves a site for them.
+    shares_needed
+        Whether a run (its values) needs the declared ``shares`` at all; None: whenever the part
+        runs. FedConcat needs its sites' label distributions only for K-means: with
+        ``fedconcat-assignment`` given, nothing is asked of a site and nothing leaves it.
     server
         ``"module:attr"`` of the part's server-side companion, for a part that needs state
         kept on the server and sent with the weights (FedGF's perturbed global point and
@@ -218,6 +222,7 @@ class Part:
     impl: str
     settings: tuple[Setting, ...] = ()
     shares: tuple[str, ...] = ()
+    shares_needed: Callable[[Mapping[str, Any]], bool] | None = None
     server: str | None = None
     sends: str = ""
     rules: Callable[[Mapping[str, Any], Selection], str | None] | None = None
@@ -314,7 +319,8 @@ PROTOCOLS: tuple[Part, ...] = (
     Part("standard", "Standard", f"{_ROUNDS}:StandardRounds"),
     Part("fedconcat", "FedConcat", "fedvls_flwr.algorithms.fedconcat:FedConcat",
          (FEDCONCAT_CLUSTERS, FEDCONCAT_ENCODER_ROUNDS, FEDCONCAT_HEAD_STEPS, FEDCONCAT_HEAD_INIT, FEDCONCAT_ASSIGNMENT),
-         shares=("class-counts",), rules=fedconcat_rules, federation_rules=fedconcat_federation_rules,
+         shares=("class-counts",), shares_needed=fedconcat_needs_shares, rules=fedconcat_rules,
+         federation_rules=fedconcat_federation_rules,
          sends="stage 1: the site's cluster model instead of one global model; stage 2: the K frozen encoders, "
                "once per node, then the head each round"),
 )
@@ -378,8 +384,10 @@ def run_parts(values: Mapping[str, Any]) -> dict[str, Part]:
 
 
 def site_shares(values: Mapping[str, Any]) -> frozenset[str]:
-    """The per-site statistics a run's parts need on the server (the union of their ``shares``)."""
-    return frozenset(s for part in run_parts(values).values() for s in part.shares)
+    """The per-site statistics a run's parts need on the server (the union of their ``shares``,
+    of the parts that need them with these values: ``Part.shares_needed``)."""
+    return frozenset(s for part in run_parts(values).values()
+                     if part.shares_needed is None or part.shares_needed(values) for s in part.shares)
 
 
 def method_params(config: Any) -> dict[str, Any]:
