@@ -461,7 +461,7 @@ def run(cfg: RefConfig, log: Callable[[str], None] | None = None, keep_arrays: b
 
 
 def _check(cfg: RefConfig, loaded: data.Data) -> None:
-    if cfg.amp:
+    if cfg.amp is True or str(cfg.amp).lower() == "true":  # "auto" is off where the reference runs (a CPU)
         raise NotCovered("the reference loop runs float32 only: amp = false")
     if cfg.evaluation == "federated":
         raise NotCovered("the reference loop evaluates on the dataset's test split: evaluation = server or auto")
