@@ -44,7 +44,53 @@ from fedvls_flwr.app.results import read_rounds  # noqa: E402
 from fedvls_flwr.ops.flower_cli import flower_env  # noqa: E402
 from fedvls_flwr.ops.launch import LocalSuperLink  # noqa: E402
 from fedvls_flwr.ops.ray_cluster import RayHead  # noqa: E402
-from tests.tiny_data import MD5_ENV, SITECUSTOMIZE, write_idx_dataset, write_tiny_cifar10  # noqa: E402
+from tests.tiny_data import write_idx_dataset, write_tiny_cifar10  # noqa: E402
+
+#: The generated CIFAR files must pass torchvision's md5 check in the processes Flower starts
+#: (the Ray actors), which this script cannot patch: a ``sitecustomize.py`` put on their
+#: PYTHONPATH replaces the expected sums, when ``torchvision.datasets.cifar`` is imported, with
+#: those in this environment variable (JSON: {class name: {file name: md5}}).
+MD5_ENV = "FEDVLS_GPU_CHECK_CIFAR_MD5"
+
+SITECUSTOMIZE = '''\
+"""bench/gpu_check.py: accept its generated CIFAR files in the processes Flower starts."""
+import importlib.abc
+import importlib.machinery
+import json
+import os
+import sys
+
+_SUMS = os.environ.get("%(env)s")
+
+
+def _accept_generated(module):
+    for name, sums in json.loads(_SUMS).items():
+        cls = getattr(module, name)
+        cls.train_list = [[f, sums[f]] for f, _ in cls.train_list]
+        cls.test_list = [[f, sums[f]] for f, _ in cls.test_list]
+        cls.meta = {**cls.meta, "md5": sums[cls.meta["filename"]]}
+
+
+class _AfterCifarImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "torchvision.datasets.cifar":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        load = spec.loader.exec_module
+
+        def exec_module(module):
+            load(module)
+            _accept_generated(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+if _SUMS:
+    sys.meta_path.insert(0, _AfterCifarImport())
+''' % {"env": MD5_ENV}  # noqa: UP031 - the template holds braces
 
 
 def summarize_rounds(name: str, status: str, rounds: list[dict], want_cuda: bool) -> dict:

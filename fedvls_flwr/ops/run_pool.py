@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import sys
 import time
 import traceback
@@ -50,6 +51,7 @@ class Outcome:
 
 def _worker(conn: Connection, threads: int) -> None:  # pragma: no cover - runs in the worker process
     die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the sweep stops its workers
     import torch
 
     torch.set_num_threads(threads)
