@@ -130,6 +130,10 @@ NOT_MODELLED: dict[str, str] = {
     "min-fit-fraction": "no client fails here",
     "round-retries": "no round fails here",
     "server-device": "where the server evaluates (the reference evaluates where it trains)",
+    # the app's GPU paths: the same arithmetic launched another way, ignored on a CPU (where the
+    # differential test compares); on CUDA another kernel may round differently, not another formula
+    "channels-last": "the conv nets' activations in NHWC on CUDA: a memory layout",
+    "cuda-graphs": "each client's step captured once and replayed on CUDA: the same operations",
     "output-dir": "where the app writes its files",
     "run-name": "the app's run folder",
     "resume": "the reference runs every round in one go",
