@@ -378,6 +378,10 @@ def every_setting() -> list[tuple[str, str, str]]:
 
 def exercising(kind: str, name: str, key: str) -> list[tuple[str, Case]]:
     """The cases that run part ``name`` with ``key`` off the reference's default."""
+    if key not in PARTS[kind].get(name, {}):
+        pytest.fail(f"{kind} '{name}' has the setting '{key}' in the app and none in the reference: give it its "
+                    f"default in bench/reference_settings.py's PARTS[{kind!r}][{name!r}] (with its source) and make "
+                    "the reference compute with it")
     default = PARTS[kind][name][key]
     out = []
     for case_name, case in [*CASES.items(), *((f"{k}={n}", part_case(k, n)) for k, n in every_part())]:
