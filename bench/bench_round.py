@@ -58,7 +58,6 @@ from bench.reference_loop import DEFAULT_DATA_DIR, RefConfig  # noqa: E402
 from bench.round_report import build_tables, fmt, machine_line, profile_tables  # noqa: E402
 from bench.round_timing import categorize_py_spy, log  # noqa: E402
 from bench.round_workloads import EXTRA_VARIANTS, VARIANTS, profile_client_round, run_app, run_plain  # noqa: E402
-from fedvls_flwr.config.run_config import model_name  # noqa: E402
 from fedvls_flwr.ops.launch import LocalSuperLink  # noqa: E402
 
 
@@ -103,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         dirichlet_beta=args.dirichlet_beta, seed=args.seed, model=args.model,
     )
     meta = {
-        "workload": (f"workload: {args.dataset} ({model_name(base.run)}), {args.clients} clients, "
+        "workload": (f"workload: {args.dataset} ({base.model_name}), {args.clients} clients, "
                      f"Dirichlet {args.dirichlet_beta}, "
                      f"{args.local_epochs} local epochs, batch {args.batch_size}, {args.rounds} rounds, seed {args.seed}, "
                      f"SGD lr {base.lr} momentum {base.momentum} weight decay {base.weight_decay}"),

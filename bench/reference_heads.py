@@ -29,8 +29,9 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 import bench.reference_loop as loop  # noqa: E402
+from bench import reference_data as data  # noqa: E402
 from bench.reference_parts import concatenated_features  # noqa: E402
-from fedvls_flwr.data.datasets import load_dataset  # noqa: E402
+from bench.reference_training import Inputs, batch_seed  # noqa: E402
 
 
 class OnKeptFeatures(nn.Module):
@@ -48,24 +49,24 @@ class KeptFeaturesLoop(loop.FedConcatLoop):
     once, when stage 2 begins (in ``eval-batch-size`` chunks)."""
 
     def _features(self, x: torch.Tensor) -> torch.Tensor:
-        step = self.cfg.eval_batch_size
+        step, inputs = self.s.cfg.eval_batch_size, self.s.inputs
         with torch.no_grad():
-            return torch.cat([concatenated_features(self.encoders, x[i:i + step]) for i in range(0, x.shape[0], step)])
+            return torch.cat([concatenated_features(self.encoders, inputs(x[i:i + step]))
+                              for i in range(0, x.shape[0], step)])
 
-    def round(self, r: int, sampled: list[int], model: nn.Module, device: torch.device):
+    def round(self, r: int, sampled: list[int], model: nn.Module, record: dict):
         if self.stage(r) == 1:
-            return super().round(r, sampled, model, device)
-        cfg = self.cfg
+            return super().round(r, sampled, model, record)
+        s, cfg = self.s, self.s.cfg
         if not hasattr(self, "kept"):
-            self.kept = [self._features(c.x) for c in self.clients]
-            bundle = load_dataset(cfg.dataset, cfg.run.resolved_data_dir(), download=cfg.download,
-                                  pool_size=cfg.train_pool_size)  # the loop's test set (loaded once per process)
-            self.test_features = self._features(bundle.test_x.to(device))
+            self.kept = [self._features(c.x) for c in s.clients]
+            loaded = data.load(cfg.dataset, cfg.data_dir, cfg.train_pool_size)  # the loop's test set, read again
+            self.test_features = self._features(loaded.test_x.to(s.device))
         seconds, heads = [], []
         for i in sampled:
             t_client = time.perf_counter()
-            gen = torch.Generator().manual_seed(loop.batch_seed(cfg.seed, r, i))
-            heads.append(self._train_head(self.kept[i], self.clients[i].y, gen))
+            gen = torch.Generator().manual_seed(batch_seed(cfg.seed, r, i))
+            heads.append(self._train_head(self.kept[i], s.clients[i].y, gen))
             seconds.append(time.perf_counter() - t_client)
         t_agg = time.perf_counter()
         self.head = {k: torch.stack([h[k].double() for h in heads]).mean(dim=0).to(self.head[k].dtype)
@@ -74,14 +75,14 @@ class KeptFeaturesLoop(loop.FedConcatLoop):
 
     def _train_head(self, features: torch.Tensor, y: torch.Tensor, generator: torch.Generator) -> dict[str, torch.Tensor]:
         """``fedconcat-head-steps`` mini-batches of one shuffled pass, plain CE, a fresh SGD."""
-        cfg = self.cfg
-        linear = nn.Linear(self.head["weight"].shape[1], self.head["weight"].shape[0])
+        cfg = self.s.cfg
+        linear = nn.Linear(self.head["weight"].shape[1], self.head["weight"].shape[0]).to(features.device)
         linear.load_state_dict(self.head)
         optimizer = torch.optim.SGD(linear.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
         n = len(y)
         order = torch.randperm(n, generator=generator)
-        for s in range(min(self.head_steps, math.ceil(n / cfg.batch_size))):
-            idx = order[s * cfg.batch_size:(s + 1) * cfg.batch_size].to(features.device)
+        for step in range(min(self.head_steps, math.ceil(n / cfg.batch_size))):
+            idx = order[step * cfg.batch_size:(step + 1) * cfg.batch_size].to(features.device)
             loss = F.cross_entropy(linear(features[idx]), y[idx])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -93,10 +94,10 @@ _evaluate = loop.evaluate
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int) -> tuple[float, float]:
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int, inputs: Inputs) -> tuple[float, float]:
     """The loop's evaluation; for the head over kept features, from those features."""
     if not isinstance(model, OnKeptFeatures):
-        return _evaluate(model, x, y, batch_size)
+        return _evaluate(model, x, y, batch_size, inputs)
     correct, loss = 0, 0.0
     for i in range(0, len(y), batch_size):
         logits = model.head(model.features[i:i + batch_size]).float()
@@ -107,7 +108,7 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
 
 
 def main(argv: list[str] | None = None) -> int:
-    loop.FedConcatLoop = KeptFeaturesLoop  # type: ignore[misc]
+    loop.IMPLEMENTATIONS["protocol"] = {**loop.IMPLEMENTATIONS["protocol"], "fedconcat": KeptFeaturesLoop}
     loop.evaluate = evaluate
     return loop.main(argv)
 

@@ -1,15 +1,13 @@
-"""The reference loop's own server side and local steps, written out from the formulas.
+"""The reference loop's server side, local steps and FedConcat's pieces, written out from their sources.
 
-Everything here follows docs/methods.md and the module docstrings of the app's parts
-(``algorithms/local_optim.py``, ``fedgf.py``, ``server_optim.py``, ``fedconcat.py``,
-``sampling.py``), never their code: a differential test (``tests/test_differential.py``)
-runs the app and :mod:`bench.reference_loop` side by side, so a shared implementation would
-hide the very bugs it looks for. Server arithmetic is float64 (cast to each array's dtype
-where a model is formed); the app's own order of float32 operations is not copied, which is
-why the comparison allows float rounding.
+Each follows the paper, the authors' code or Flower as named beside it, and docs/methods.md
+where the app documents its choice between them; none of it is the app's code (the reference
+imports nothing of the app: ``tests/test_differential.py`` checks it). Server arithmetic runs
+in float64 and is cast to each array's dtype where a model is formed.
 
-``COVERED`` names every part written out here or in the loop: a part registered without a
-reference fails the differential test by name.
+The run's randomness - which clients a round trains, FedConcat's new head - is the app's
+documented convention (docs/running.md, "What a seed fixes"), drawn here the same way so that
+both sides compute the same trajectory.
 """
 
 from __future__ import annotations
@@ -18,6 +16,7 @@ import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -26,41 +25,21 @@ from torch import nn
 
 Arrays = dict[str, np.ndarray]
 
-#: The parts the reference loop knows, by kind (the run-config key that selects them).
-COVERED: dict[str, tuple[str, ...]] = {
-    # objectives come from objective_for; the loop provides each one's hooks: a teacher's
-    # logits, MOON's projections and previous model, penultimate features, FedProx's gradient
-    "method": ("fedavg", "fedprox", "moon", "fedrs", "fedlmd", "feddecorr", "fedmr", "fedlc", "fedntd",
-               "fedvls", "fedvls-paper"),
-    "local-optimizer": ("sgd", "sam", "fedgf"),
-    "server-optimizer": ("fedavg", "fedexp", "fedavgm", "fedadam", "fedyogi", "fedadagrad"),
-    "protocol": ("standard", "fedconcat"),
-}
-
-#: Methods whose loss reads this client's model of its previous round (MOON's negative).
-KEEPS_PREVIOUS_MODEL = ("moon",)
-
-
-class NotCovered(ValueError):
-    """A run selects a part the reference loop has no reference for."""
-
-
-def check_covered(values: Mapping[str, Any]) -> None:
-    for kind, names in COVERED.items():
-        name = str(values[kind])
-        if name not in names:
-            raise NotCovered(
-                f"the reference loop has no reference for {kind} '{name}': write it out from its formula in "
-                f"bench/reference_parts.py (or the loop) and add it to COVERED[{kind!r}]")
-
 
 # --------------------------------------------------------------------------- sampling
 
 
+def clients_per_round(num_clients: int, fraction: float) -> int:
+    """Flower's FedAvg trains int(nodes * fraction_train) nodes (``configure_train``); the
+    setting's documented floor is one (docs/configuration.md), and the fraction is read as the
+    decimal it is written as (0.29 of 100 nodes is 29, not the 28 of its binary product)."""
+    return max(1, math.floor(Fraction(repr(float(fraction))) * num_clients))
+
+
 def sampled_partitions(num_clients: int, fraction: float, seed: int, server_round: int) -> list[int]:
-    """fraction-train of the partitions (at least one), drawn with Random(seed * 1_000_003 + round)
-    from the partitions in id order."""
-    k = max(1, int(num_clients * fraction + 1e-9))
+    """The round's clients: all of them, or ``random.Random(seed * 1_000_003 + round).sample`` of
+    the partition ids in order (docs/running.md, "What a seed fixes"), sorted."""
+    k = clients_per_round(num_clients, fraction)
     if k >= num_clients:
         return list(range(num_clients))
     return sorted(random.Random(seed * 1_000_003 + server_round).sample(list(range(num_clients)), k))
@@ -74,8 +53,9 @@ def float_names(arrays: Mapping[str, np.ndarray]) -> list[str]:
 
 
 def weighted_average(states: Sequence[Arrays], weights: Sequence[float]) -> Arrays:
-    """sum_i (n_i / sum_j n_j) w_i, every term and the sum in float64, cast back to each array's
-    dtype (integers rounded)."""
+    """FedAvg's average (McMahan et al. 2017), sum_i (n_i / sum_j n_j) w_i over the clients that
+    replied, of the whole state; every term and the sum in float64, cast back to each array's dtype,
+    integer buffers rounded (docs/methods.md, "Server update")."""
     total = float(sum(weights))
     out: Arrays = {}
     for key, ref in states[0].items():
@@ -107,7 +87,12 @@ class ServerStep:
 
 
 class FedExP(ServerStep):
-    """w + eta_g (w_avg - w), eta_g = max(1, sum_i p_i ||d_i||^2 / (2 (||d_bar||^2 + eps)))."""
+    """Jhunjhunwala, Wang, Joshi, ICLR 2023: w + eta_g (w_avg - w), eta_g = max(1, sum_i p_i ||d_i||^2
+    / (2 (||d_bar||^2 + eps))), d_i = w_i - w, p_i = n_i / n (the authors' code weights the
+    clients by data size; with equal sizes the paper's sum_i ||d_i||^2 / (2 M (...))); eps as the
+    setting says (0.01 in the FedVLS paper's Table 10), neither scaled by M nor decayed (the
+    paper; docs/methods.md). Norms over every floating-point array. ``fedexp-eval =
+    average-last-two``: the paper's evaluation of (w_t + w_{t-1}) / 2."""
 
     previous: Arrays | None = None
     step_size: float | None = None
@@ -135,7 +120,8 @@ class FedExP(ServerStep):
 
 
 class FedAvgM(ServerStep):
-    """v <- momentum v + (w - w_avg) (v = w - w_avg the first time), w <- w - lr v."""
+    """Hsu et al. 2019 as Flower's FedAvgM computes it: the pseudo-gradient g = w - w_avg, v <-
+    momentum v + g (v = g the first time, only with momentum > 0), w <- w - lr v."""
 
     velocity: dict[str, np.ndarray] | None = None
 
@@ -152,8 +138,12 @@ class FedAvgM(ServerStep):
 
 
 class Adaptive(ServerStep):
-    """Reddi et al.'s FedAdam / FedYogi / FedAdagrad with Flower's bias correction for Adam:
-    d = w_avg - w, m <- b1 m + (1 - b1) d, v by the rule, w <- w + eta_t m / (sqrt(v) + tau)."""
+    """Reddi et al., ICLR 2021 (Adaptive Federated Optimization) as Flower's FedAdam / FedYogi /
+    FedAdagrad compute it: d = w_avg - w, m <- b1 m + (1 - b1) d (b1 = 0 for Adagrad), v <- b2 v +
+    (1 - b2) d^2 (Adam), v - (1 - b2) d^2 sign(v - d^2) (Yogi), v + d^2 (Adagrad), then w <- w +
+    eta_t m / (sqrt(v) + tau). eta_t: Flower's FedAdam corrects Adam's bias with
+    eta sqrt(1 - b2^(t+1)) / (1 - b1^(t+1)), t the server round (Kingma & Ba's alpha_t, one step
+    ahead); FedYogi and FedAdagrad take eta as it is."""
 
     def __init__(self, params: Mapping[str, Any], rule: str) -> None:
         super().__init__(params)
@@ -187,10 +177,16 @@ class Adaptive(ServerStep):
         return new
 
 
+#: The server optimizers the reference writes out.
+SERVER_STEPS: dict[str, Callable[[Mapping[str, Any]], ServerStep]] = {
+    "fedavg": ServerStep, "fedexp": FedExP, "fedavgm": FedAvgM,
+    "fedadam": lambda p: Adaptive(p, "adam"), "fedyogi": lambda p: Adaptive(p, "yogi"),
+    "fedadagrad": lambda p: Adaptive(p, "adagrad"),
+}
+
+
 def server_optimizer(name: str, params: Mapping[str, Any]) -> ServerStep:
-    if name in ("fedadam", "fedyogi", "fedadagrad"):
-        return Adaptive(params, name[3:])
-    return {"fedavg": ServerStep, "fedexp": FedExP, "fedavgm": FedAvgM}[name](params)
+    return SERVER_STEPS[name](params)
 
 
 # --------------------------------------------------------------------------- FedGF's server side
@@ -206,8 +202,12 @@ class FedGFPoint:
 
 @dataclass
 class FedGFServer:
-    """After round t: D = mean_k ||w^{t-1} - w_k||, u = w^{t-1} - w^t, w_g = w^t + rho_g u / ||u||
-    (w^t when u = 0), c fixed or the mean of the last W indicators [D > T_D]."""
+    """FedGF's server (Lee and Yoon, ICML 2024; the authors' fedlab/contrib/algorithm/fedgf.py), after
+    round t: D = the unweighted mean over the replies of ||w^{t-1} - w_k||, u = w^{t-1} - w^t,
+    w_g = w^t + rho_g u / ||u|| (w^t when u = 0, where their division gives NaN), c the fixed
+    setting (the FedVLS paper's 0.3) or the authors' adaptive rule: the mean of the last W
+    indicators [D > T_D]. Norms over every floating-point array; nothing is sent in round 1 nor
+    when c = 0 (docs/methods.md)."""
 
     params: Mapping[str, Any]
     perturbed: Arrays = field(default_factory=dict)
@@ -245,56 +245,89 @@ GradientAt = Callable[[], None]  # clears the gradients, then forward, loss, bac
 
 
 def _ascent(params: list[torch.Tensor], rho: float) -> list[torch.Tensor]:
-    """e = rho g / (||g|| + 1e-12), one norm over every parameter's gradient."""
+    """SAM's ascent (Foret et al., ICLR 2021, as davda54/sam's ``first_step``, which the FedSAM
+    code wraps): e = rho g / (||g|| + 1e-12), one norm over every parameter's gradient. (The FedGF
+    authors add 1e-16; docs/methods.md keeps SAM's 1e-12 for FedGF too.)"""
     grads = [p.grad for p in params]
     total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
     return [g * (rho / (total + 1e-12)) for g in grads]
 
 
-def local_step(kind: str, params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer, gradient: GradientAt,
-               rho: float, point: FedGFPoint | None, names: list[str]) -> None:
-    """One local step of ``kind`` (sgd, sam, fedgf) on the batch ``gradient`` closes over."""
+@dataclass
+class LocalStep:
+    """What a local step needs besides the batch: the trained parameters (and their state-dict
+    names), the SGD update, ``rho`` and what FedGF's server sent (None: round 1, or c = 0)."""
+
+    params: list[torch.nn.Parameter]
+    names: list[str]
+    optimizer: torch.optim.Optimizer
+    rho: float = 0.0
+    point: FedGFPoint | None = None
+
+
+def sgd_step(s: LocalStep, gradient: GradientAt) -> None:
+    """Plain (momentum, weight-decayed) SGD: torch.optim.SGD's step on the batch's gradient."""
     gradient()
-    if kind == "sgd":
-        optimizer.step()
-        return
-    live = [p for p in params if p.grad is not None]
-    e = _ascent(live, rho)
-    if kind == "sam" or point is None:  # FedSAM: gradient at w + e, step from w
-        with torch.no_grad():
-            for p, ei in zip(live, e):
-                p.add_(ei)
-        gradient()
-        with torch.no_grad():
-            for p, ei in zip(live, e):
-                p.sub_(ei)
-        optimizer.step()
-        return
-    # FedGF: the second gradient at v = c w_g + (1 - c)(w + e), then the step from w
-    saved = [p.detach().clone() for p in params]
-    step_of = {id(p): ei for p, ei in zip(live, e)}
+    s.optimizer.step()
+
+
+def sam_step(s: LocalStep, gradient: GradientAt) -> None:
+    """FedSAM (Qu et al., ICML 2022): the gradient at w + e, then the SGD step from w, w restored
+    by subtracting e (as the FedGF authors' SAM round does); weight decay and momentum act in
+    the SGD step only, as a SAM that wraps a base optimizer."""
+    gradient()
+    live = [p for p in s.params if p.grad is not None]
+    e = _ascent(live, s.rho)
     with torch.no_grad():
-        for p, name in zip(params, names):
+        for p, ei in zip(live, e):
+            p.add_(ei)
+    gradient()
+    with torch.no_grad():
+        for p, ei in zip(live, e):
+            p.sub_(ei)
+    s.optimizer.step()
+
+
+def fedgf_step(s: LocalStep, gradient: GradientAt) -> None:
+    """FedGF (Lee and Yoon, ICML 2024; the authors' fedgf.py): the second gradient at
+    v = c w_g + (1 - c)(w + e) - a mix of points - w restored by copy, then the SGD step from w;
+    without w_g (round 1, or c = 0) FedSAM's step."""
+    if s.point is None:
+        sam_step(s, gradient)
+        return
+    gradient()
+    live = [p for p in s.params if p.grad is not None]
+    step_of = {id(p): ei for p, ei in zip(live, _ascent(live, s.rho))}
+    saved = [p.detach().clone() for p in s.params]
+    with torch.no_grad():
+        for p, name in zip(s.params, s.names):
             ascended = p + step_of[id(p)] if id(p) in step_of else p
-            p.copy_(point.c * point.arrays[name] + (1 - point.c) * ascended)
+            p.copy_(s.point.c * s.point.arrays[name].to(p.device) + (1 - s.point.c) * ascended)
     gradient()
     with torch.no_grad():
-        for p, s in zip(params, saved):
-            p.copy_(s)
-    optimizer.step()
+        for p, w in zip(s.params, saved):
+            p.copy_(w)
+    s.optimizer.step()
+
+
+#: The local optimizers the reference writes out.
+LOCAL_STEPS: dict[str, Callable[[LocalStep, GradientAt], None]] = {"sgd": sgd_step, "sam": sam_step, "fedgf": fedgf_step}
 
 
 # --------------------------------------------------------------------------- FedConcat
 
 
 def encoder_rounds(num_rounds: int, setting: int) -> int:
-    """Stage 1's length: the setting, or the 1 : 20 split with at least a round in each stage."""
+    """Stage 1's length: the setting, or the authors' split (run.sh: 50 encoder rounds, then 1000
+    classifier rounds, 1 : 20) of the run's rounds, rounded, with at least a round in each stage."""
     return setting if setting > 0 else min(num_rounds - 1, max(1, round(num_rounds / 21)))
 
 
 def cluster_assignment(setting: str, class_counts: np.ndarray, clusters: int, seed: int) -> list[int]:
-    """The cluster of each partition: as written in fedconcat-assignment, else K-means
-    (k-means++, 10 restarts, seeded) over the label distributions counts / n_i."""
+    """The cluster of each partition: as written in fedconcat-assignment, else the FedConcat
+    authors' clustering (sjtudyq/FedConcat experiments.py): scikit-learn's KMeans over the label
+    distributions counts / n_i, with k-means++ and the 10 restarts of its default in their day,
+    seeded by the run's seed."""
     if setting:
         return [int(v) for v in setting.replace(" ", "").split(",")]
     from sklearn.cluster import KMeans
@@ -303,28 +336,17 @@ def cluster_assignment(setting: str, class_counts: np.ndarray, clusters: int, se
     return [int(v) for v in KMeans(n_clusters=clusters, n_init=10, random_state=seed).fit(distributions).labels_]
 
 
-def last_linear(model: nn.Module) -> nn.Linear:
-    """The model's classifier: its last nn.Linear (an encoder's features are its input)."""
-    return [m for m in model.modules() if isinstance(m, nn.Linear)][-1]
-
-
 @torch.no_grad()
 def concatenated_features(encoders: Sequence[nn.Module], x: torch.Tensor) -> torch.Tensor:
-    """Each frozen encoder's classifier input (eval mode), side by side in cluster order."""
-    seen: list[torch.Tensor] = []
-    for encoder in encoders:
-        handle = last_linear(encoder).register_forward_pre_hook(lambda _m, inputs: seen.append(inputs[0].flatten(1)))
-        try:
-            encoder.eval()
-            encoder(x)
-        finally:
-            handle.remove()
-    return torch.cat(seen, dim=1)
+    """Each frozen encoder's representation (its classifier's input, in eval mode), side by side in
+    cluster order: the input of FedConcat's stage-2 head."""
+    return torch.cat([encoder.eval().features(x).flatten(1) for encoder in encoders], dim=1)  # type: ignore[operator]
 
 
 def new_head(width: int, classes: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A new nn.Linear(width, classes) as PyTorch initialises one (weight and bias uniform in
-    +-1/sqrt(width)), drawn from a generator seeded seed * 1_000_003 + 21."""
+    """FedConcat's new head (the authors' stage 2 builds a new nn.Linear): weight and bias uniform
+    in +-1/sqrt(width), PyTorch's initialisation of a Linear layer, drawn from a generator seeded
+    seed * 1_000_003 + 21 (docs/running.md, "What a seed fixes")."""
     generator = torch.Generator().manual_seed(seed * 1_000_003 + 21)
     bound = 1 / math.sqrt(width)
     weight = torch.empty(classes, width).uniform_(-bound, bound, generator=generator)

@@ -92,6 +92,11 @@ def check_the_copy_is_imported(copy: Path) -> None:
         raise SystemExit(f"the copy imports fedvls_flwr from {where}, not from {copy}: verdicts would be wrong")
 
 
+def killer(text: str) -> str:
+    """The first failing test pytest names (``-x`` stops there), or ''."""
+    return next((line.split(" ", 1)[1].split(" - ")[0] for line in text.splitlines() if line.startswith("FAILED ")), "")
+
+
 def verdict(code: int) -> str:
     return {0: "SURVIVED", 1: "killed"}.get(code, "timeout" if code == -9 else f"error (pytest exit {code})")
 
@@ -161,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
             if code == 0:
                 survived.append(m.name)
             rows[m.name] = row(m, tests, result, seconds)
-            print(f"{m.name:34} {result:10} {seconds:6.1f} s  {summary(text)[:90]}", flush=True)
+            print(f"{m.name:34} {result:10} {seconds:6.1f} s  {summary(text)[:90]}"
+                  + (f"\n{'':34} killed by {killer(text)}" if code == 1 else ""), flush=True)
     what = (f"mutation(s) run again ({', '.join(m.name for m in chosen)})" if args.only else "mutations")
     note = stamp(what, len(chosen))
     if not args.no_write:

@@ -45,6 +45,7 @@ CONCAT_PROPS = ("tests/test_properties_fedconcat.py",)
 GF = ("tests/test_fedgf.py",)
 DIFF = ("tests/test_differential.py",)  # the app against the plain reference loop, every part
 REPLIES = ("tests/test_reply_contents.py",)
+AUGMENT_PROPS = ("tests/test_properties_augment.py",)
 
 MUTATIONS: list[Mutation] = [
     # ---- objectives
@@ -345,6 +346,73 @@ MUTATIONS: list[Mutation] = [
              "not by the machine each reply names", "fedvls_flwr/app/server.py",
              '"nodes": count_by(report.clients, "ran_on"),', '"nodes": count_by(report.clients, "node"),',
              ("tests/test_round_machines.py",)),
+    # ---- issue 45: bugs the independent reference (tests/test_differential.py) and the steered
+    # property tests feel, each in code the old differential test shared with the app or never reached
+    Mutation("fedntd-tau-not-squared", "objectives", "FedNTD's distillation is weighted beta * tau, not "
+             "beta * tau^2 (the same at the default tau = 1)", "fedvls_flwr/algorithms/objectives/baselines.py",
+             '"ntd": (self.beta * self.tau**2) * kl', '"ntd": (self.beta * self.tau) * kl', DIFF),
+    Mutation("fedlmd-weight-10pct-low", "objectives", "FedLMD's distillation term weighs 10% less than beta * T^2",
+             "fedvls_flwr/algorithms/objectives/baselines.py", '"lmd": (self.beta * self.tau**2) * kl',
+             '"lmd": (0.9 * self.beta * self.tau**2) * kl', DIFF),
+    Mutation("fedvls-dis-10pct-low", "objectives", "FedVLS's vacant-class distillation weighs 0.9 lambda",
+             "fedvls_flwr/algorithms/objectives/fedvls.py", "scale = self.lambda_dis / B",
+             "scale = 0.9 * self.lambda_dis / B", DIFF),
+    Mutation("fedlc-paper-form-ignored", "objectives", "fedlc-form = paper computes the standard form",
+             "fedvls_flwr/algorithms/objectives/baselines.py", 'if self.form == "standard":', "if True:", DIFF),
+    Mutation("fedrs-proportional-ignored", "objectives", "fedrs-form = proportional scales as the binary form",
+             "fedvls_flwr/algorithms/objectives/baselines.py", 'if settings["fedrs-form"] == "binary":', "if True:",
+             DIFF),
+    Mutation("teacher-mode-ignored", "objectives", "the teacher runs in eval mode whatever teacher-mode says",
+             "fedvls_flwr/algorithms/objectives/base.py", 'return str(self.settings.get("teacher-mode", "eval"))',
+             'return "eval"', DIFF),
+    Mutation("weight-decay-dropped", "local training", "the local SGD step leaves weight decay out",
+             "fedvls_flwr/algorithms/sgd.py", "        if self.weight_decay != 0.0:\n", "        if False:\n", DIFF),
+    Mutation("fedexp-eps-10x", "aggregation", "FedExP's step size adds 10 eps to ||d_bar||^2, not eps",
+             "fedvls_flwr/algorithms/server_optim.py", "mean_sq / (2 * (bar_sq + self.eps))",
+             "mean_sq / (2 * (bar_sq + 10 * self.eps))", DIFF),
+    Mutation("adam-bias-correction-off-by-one", "aggregation", "FedAdam corrects its bias as Adam's step t, not "
+             "t + 1 (Flower's convention)", "fedvls_flwr/algorithms/server_optim.py",
+             "np.sqrt(1 - np.power(self.beta2, server_round + 1.0)) / (\n                1 - np.power(self.beta1, "
+             "server_round + 1.0)",
+             "np.sqrt(1 - np.power(self.beta2, server_round)) / (\n                1 - np.power(self.beta1, "
+             "server_round)", DIFF),
+    Mutation("fmnist-std-digits-swapped", "data", "Fashion-MNIST normalised by std 0.3503 (two digits swapped) "
+             "instead of 0.3530", "fedvls_flwr/data/idx.py", "FMNIST_STD = 0.3530", "FMNIST_STD = 0.3503", DIFF),
+    Mutation("dirichlet-cuts-rounded", "partitioning", "Dirichlet cuts each class at the rounded cumulative "
+             "shares, not NIID-Bench's floor", "fedvls_flwr/data/partition.py",
+             "cuts = (np.cumsum(p) * idx.size).astype(int)[:-1]",
+             "cuts = np.round(np.cumsum(p) * idx.size).astype(int)[:-1]", DIFF),
+    Mutation("labeldir-narrow-draw", "partitioning", "noniid-labeldir draws holder sizes below n_c / k on 10-class "
+             "data too (the authors draw up to n_c there)", "fedvls_flwr/data/partition.py",
+             "int(idx.size if num_classes <= 10 else per)", "int(per)", DIFF),
+    Mutation("labeldir-holders-reversed", "partitioning", "noniid-labeldir deals a class's slices to its holders "
+             "last first", "fedvls_flwr/data/partition.py", "for j, size in zip(holders, sizes):",
+             "for j, size in zip(holders[::-1], sizes):", PART_PROPS),
+    Mutation("mobilenetv2-imagenet-stride", "models", "MobileNetV2's second stage keeps the ImageNet stride 2 "
+             "(the CIFAR network runs it at 1)", "fedvls_flwr/models.py", "        (6, 24, 2, 1),  # stride 2",
+             "        (6, 24, 2, 2),  # stride 2", DIFF),
+    Mutation("resnet32-shortcut-padded-on-one-side", "models", "ResNet-32's parameter-free shortcut pads every new "
+             "channel after the old ones (option A splits them)", "fedvls_flwr/models.py",
+             "self.pad = (extra // 2, extra - extra // 2)", "self.pad = (0, extra)", DIFF),
+    Mutation("moon-head-half-width", "models", "MOON's projection head narrows to d/2 (the FedVLS code's copy), "
+             "not the MOON authors' d", "fedvls_flwr/models.py",
+             "nn.Linear(width, width), nn.ReLU(inplace=True), nn.Linear(width, out_dim)",
+             "nn.Linear(width, width // 2), nn.ReLU(inplace=True), nn.Linear(width // 2, out_dim)", DIFF),
+    Mutation("fedntd-beta-default-from-fedvls-table", "defaults", "pyproject's FedNTD beta is the FedVLS table's "
+             "0.1, not the FedNTD authors' 1", "pyproject.toml", "fedntd-beta = 1.0", "fedntd-beta = 0.1", DIFF),
+    Mutation("flip-probability-0.4", "augmentation", "a training image is mirrored with probability 0.4, not 1/2",
+             "fedvls_flwr/data/augment.py", "flips = torch.rand(n, generator=generator) < 0.5",
+             "flips = torch.rand(n, generator=generator) < 0.4", AUGMENT_PROPS),
+    Mutation("preset-duplicates-by-name-only", "presets", "a preset with a key at its default in one run and left "
+             "out in another runs the same experiment twice", "fedvls_flwr/experiments/preset.py",
+             "        if one in settings[:i]:\n", "        if False:\n", PRESET_PROPS),
+    Mutation("fedconcat-asks-with-assignment", "site shares", "FedConcat queries the sites before round 1 although "
+             "fedconcat-assignment gives the clusters", "fedvls_flwr/algorithms/fedconcat.py",
+             "        return not self.assignment_setting\n", "        return True\n", REPLIES),
+    Mutation("site-shares-ignore-assignment", "site shares", "a FedConcat site with its cluster given still "
+             "answers a query with its class counts", "fedvls_flwr/config/registry.py",
+             "if part.shares_needed is None or part.shares_needed(values) for s in part.shares)",
+             "for s in part.shares)", REPLIES),
     # ---- devices
     Mutation("auto-never-cuda", "devices", "device='auto' never picks CUDA",
              "fedvls_flwr/algorithms/training.py",

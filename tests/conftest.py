@@ -1,7 +1,8 @@
 """Fixtures the test modules share (pytest finds them by name; no import needed).
 
-Helpers that are plain functions live in modules beside this one: tiny_data.py (datasets
-written in their real on-disk formats), runs.py (the digits run configs of the end-to-end
+Helpers that are plain functions live in modules beside this one: hypothesis_profiles.py (the
+property tests' "ci" and "thorough" profiles), tiny_data.py (datasets written in their real
+on-disk formats), runs.py (the digits run configs of the end-to-end
 tests), processes.py (what a test left running), nginx.py and netns.py (what the fence's
 tests need of the machine), fake_grid.py (a Grid without Flower processes).
 """
@@ -12,6 +13,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+from tests.hypothesis_profiles import register
+
+# The property tests' profiles (tests/hypothesis_profiles.py): "ci" here, before any test module
+# is imported; Hypothesis' plugin loads another one after this when --hypothesis-profile names it.
+register()
+settings.load_profile("ci")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

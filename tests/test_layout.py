@@ -305,3 +305,26 @@ def test_every_subpackage_docstring_says_what_it_may_import_as_the_table_does(fl
         f"BOUNDARIES says {sorted(rule.may_import)}")
     for package in rule.never:
         assert _SHOWN[package] in imports, f"{init.relative_to(PACKAGE)} does not say it never imports {package}"
+
+
+# ---- the reference loop (bench/reference_*.py) shares nothing with the app
+REFERENCE = sorted((PACKAGE.parent / "bench").glob("reference_*.py"))
+
+
+@pytest.mark.parametrize("path", REFERENCE, ids=lambda p: p.name)
+def test_the_reference_loop_imports_nothing_of_the_app(path):
+    """tests/test_differential.py holds the app against the reference loop: code shared by both
+    sides would carry a bug into both, where no comparison can see it. Every import counts, also
+    those inside functions."""
+    assert REFERENCE, "bench/reference_*.py not found"
+    shared = [f"{path.name}:{line}: {module}" for module, line in _imported(path) if module.split(".")[0] == "fedvls_flwr"]
+    assert shared == [], "the reference loop imports the app: write it out instead\n" + "\n".join(shared)
+
+
+def test_running_the_reference_loop_loads_nothing_of_the_app():
+    """The same, as Python sees it: importing the loop (and through it every reference module and
+    what they import) leaves no fedvls_flwr module loaded."""
+    probe = ("import sys; import bench.reference_loop; "
+             "print([m for m in sys.modules if m.split('.')[0] == 'fedvls_flwr'])")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=PACKAGE.parent, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

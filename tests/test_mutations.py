@@ -25,7 +25,7 @@ def test_names_are_unique_and_every_area_has_a_mutation():
 @pytest.mark.parametrize("mutation", MUTATIONS, ids=[m.name for m in MUTATIONS])
 def test_a_mutation_applies_once_and_names_existing_tests(mutation, tmp_path):
     target = tmp_path / mutation.file
-    target.parent.mkdir(parents=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text((ROOT / mutation.file).read_text())
     original = apply(mutation, tmp_path)
     assert target.read_text() != original

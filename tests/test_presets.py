@@ -326,7 +326,8 @@ def test_a_preset_that_names_every_run_alike_is_told_so(tmp_path, where):
                                           "run-name out of the preset"):
         load_preset(path)
     path.write_text("name: p\nbase: {dataset: digits}\ngrid: [{method: [fedavg]}, {method: [fedavg]}]\n")
-    with pytest.raises(PresetError, match="two runs are identical \\(same settings: digits-fedavg-dir0.05-s0\\)"):
+    with pytest.raises(PresetError, match="two runs are identical \\(same settings, defaults included\\): "
+                                          "\\{'dataset': 'digits', 'method': 'fedavg'\\} and"):
         load_preset(path)
 
 

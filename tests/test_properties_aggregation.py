@@ -13,13 +13,14 @@ import math
 from fractions import Fraction
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from fedvls_flwr.algorithms.aggregation import Reply, average_metrics, check_reply, weighted_average
+from tests.hypothesis_profiles import examples
 
-FAST = settings(max_examples=60, deadline=None, derandomize=True)
+FAST = examples(60)
 
 DTYPES = [np.dtype(t) for t in ("float32", "float64", "float16", "int64", "int32", "uint8", "bool")]
 KEYS = st.sampled_from(["conv.weight", "fc.bias", "bn.running_mean", "bn.num_batches_tracked", "head.w", "flag"])

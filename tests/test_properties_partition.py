@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, event, given, settings
+from hypothesis import assume, event, given
 from hypothesis import strategies as st
 
 from fedvls_flwr.data.partition import PartitionError, partition_indices
+from tests.hypothesis_profiles import examples
 
-FAST = settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+FAST = examples(40)
 
 
 @st.composite
@@ -152,8 +153,15 @@ def every_class_present(draw):
 def test_noniid_labeldir_follows_the_documented_class_assignment(labels, data, seed):
     n, num_classes = labels.size, int(labels.max()) + 1
     most = min(n, 24)
-    clients = data.draw(st.one_of(st.integers(1, most), st.integers(min(num_classes, most), most)), label="clients")
     s = data.draw(st.integers(1, 4), label="classes_per_client")
+    # steered: two times in three, the clients for int(N / C * s) = 2 holders per class, where the
+    # sizes are drawn and a class is cut among several clients (with 3 or more holders of a 10-class
+    # set the authors' draw mostly fails), where the pool allows it
+    two, three = -(-2 * num_classes // s), -(-3 * num_classes // s)
+    if two <= most and data.draw(st.sampled_from([True, True, False]), label="two holders"):
+        clients = data.draw(st.integers(two, max(two, min(most, three - 1))), label="clients")
+    else:
+        clients = data.draw(st.one_of(st.integers(1, most), st.integers(min(num_classes, most), most)), label="clients")
     check_labeldir(labels, clients, s, seed)
 
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import random
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from fedvls_flwr.algorithms.sampling import clients_per_round, sample_nodes
+from tests.hypothesis_profiles import examples
 
-FAST = settings(max_examples=60, deadline=None, derandomize=True)
+FAST = examples(60)
 
 # Flower's node ids: random unsigned 64-bit integers
 NODE_ID = st.integers(1, 2**63 - 1)

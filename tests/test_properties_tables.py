@@ -15,16 +15,16 @@ import json
 import math
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from fedvls_flwr.app.results import summarize
 from fedvls_flwr.config.run_config import RunConfig
 from fedvls_flwr.experiments.runs import load_runs
 from fedvls_flwr.experiments.tables import paired_gaps, table, write_table
+from tests.hypothesis_profiles import examples
 
-FAST = settings(max_examples=30, deadline=None, derandomize=True,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+FAST = examples(30)
 
 ROWS = ("dataset", "dirichlet-beta")
 COLS = ("method",)

@@ -11,10 +11,14 @@ carry is derived here from the declarations, not from the handlers:
   ``local-eval``; and ``client-info`` (device, machine). A part's declared statistics
   (``Part.shares``) are asked for by a query, never sent with training;
 * a query reply: ``partition-id`` and ``client-info``, plus each statistic the query asks for
-  that the run's parts declare (``site_shares``), nothing for one no part declares.
+  that the run's parts declare (``Part.shares``, read here from the declarations and the
+  documented exception - FedConcat shares nothing when ``fedconcat-assignment`` is set - not
+  from the function the ClientApp calls), nothing for one no part declares.
 
 The server's messages carry extra requests: every site statistic and unknown ones in
-``want-shares``, keys no setting declares, and for FedGF the downlink.
+``want-shares``, keys no setting declares, and for FedGF the downlink. And the other direction:
+the server asks a site only for what the run needs (a run of the real server on the in-process
+engine, every message recorded).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from fedvls_flwr.algorithms.run_model import build_run_model
 from fedvls_flwr.app import keys
 from fedvls_flwr.app.client import query_round, train_round
-from fedvls_flwr.config.registry import KINDS, SITE_STATISTICS, get_method, site_shares
+from fedvls_flwr.config.registry import KINDS, SITE_STATISTICS, get_method, get_part
 from fedvls_flwr.config.run_config import parse_run_config
 from fedvls_flwr.data.node_data import client_data
 
@@ -118,16 +122,30 @@ def test_a_training_reply_carries_exactly_what_is_declared(combo):
         assert list(reply.metric_records[keys.METRICS][keys.CLASS_COUNTS]) == held
 
 
-@pytest.mark.parametrize("protocol", PROTOCOLS)
+def declared_shares(values: dict[str, Any]) -> set[str]:
+    """What the run's parts declare a site shares (``Part.shares`` of each part the run selects),
+    less what docs/methods.md says a run does not need: FedConcat "shares nothing when
+    fedconcat-assignment is set"."""
+    shared = {s for kind, (_, default) in KINDS.items() for s in get_part(kind, str(values.get(kind, default))).shares}
+    if values.get("protocol") == "fedconcat" and values.get("fedconcat-assignment"):
+        shared.discard(keys.CLASS_COUNTS)
+    return shared
+
+
+#: Every protocol, and FedConcat with its clusters given.
+QUERY_RUNS = [{"protocol": p} for p in PROTOCOLS] + [{"protocol": "fedconcat", "fedconcat-assignment": "0,1,0,1"}]
+
+
+@pytest.mark.parametrize("run", QUERY_RUNS, ids=lambda r: "+".join(str(v) for v in r.values()))
 @pytest.mark.parametrize("asked", ["", "class-counts", ASKED, "label-histogram"])
 @pytest.mark.parametrize("share_class_counts", [False, True])
-def test_a_query_reply_carries_only_the_declared_statistics_it_was_asked_for(protocol, asked, share_class_counts):
-    values = {**RUN, "protocol": protocol, "num-server-rounds": 4, "share-class-counts": share_class_counts}
+def test_a_query_reply_carries_only_the_declared_statistics_it_was_asked_for(run, asked, share_class_counts):
+    values = {**RUN, **run, "num-server-rounds": 4, "share-class-counts": share_class_counts}
     cfg = parse_run_config(values)
     config = {**cfg.to_flower(), keys.SERVER_ROUND: 0, "send-class-counts": True, **({keys.WANT_SHARES: asked} if asked else {})}
     reply = query_round(RecordDict({keys.CONFIG: ConfigRecord(config)}), dict(NODE))
 
-    declared = site_shares(cfg.to_flower())
+    declared = declared_shares(values)
     expected = {keys.PARTITION_ID} | ({s for s in asked.split(",") if s} & declared)
     assert set(reply.metric_records) == {keys.METRICS} and set(reply.config_records) == {keys.CLIENT_INFO}
     assert not reply.array_records
@@ -151,3 +169,47 @@ def test_no_loss_term_can_pass_for_another_reply_metric():
     for method in METHODS:
         names = {keys.TRAIN_TERM_PREFIX + t for t in get_method(method).load().term_names}
         assert not names & reserved, method
+
+
+def recording_client_app(seen: list[tuple[str, str | None, set[str]]]):
+    """The project's ClientApp handlers behind a mod that records every message: its type, the
+    statistics its config asks for (``want-shares``, None when absent) and the reply's metric names."""
+    from flwr.clientapp import ClientApp
+
+    from fedvls_flwr.app import client_app as production
+
+    def record(msg, context, call_next):
+        config = msg.content.config_records.get(keys.CONFIG)
+        reply = call_next(msg, context)
+        metrics = reply.content.metric_records.get(keys.METRICS) if not reply.has_error() else None
+        seen.append((msg.metadata.message_type, None if config is None else config.get(keys.WANT_SHARES),
+                     set(metrics or {})))
+        return reply
+
+    app = ClientApp(mods=[record])
+    app.train()(production.train)
+    app.evaluate()(production.evaluate)
+    app.query()(production.query)
+    return app
+
+
+@pytest.mark.parametrize("run", QUERY_RUNS, ids=lambda r: "+".join(str(v) for v in r.values()))
+def test_the_server_asks_a_site_only_for_what_the_run_needs(run, tmp_path):
+    """A run of the real ServerApp: a statistic is asked for, once per site before round 1, only
+    when the run's parts need it (K-means' label distributions); FedConcat with its clusters given
+    sends no query for statistics, and no reply of any kind carries the class counts."""
+    from tests.runs import run_here
+
+    values = {**RUN, **run, "method": "fedavg", "num-server-rounds": 2, "output-dir": str(tmp_path), "run-name": "r"}
+    if run["protocol"] == "fedconcat":
+        values["fedconcat-encoder-rounds"] = 1
+    seen: list[tuple[str, str | None, set[str]]] = []
+    run_here(values, 4, client_app=recording_client_app(seen))
+    needed = declared_shares(values)
+    asked = [(kind, want) for kind, want, _ in seen if want is not None]
+    if needed:
+        assert asked == [("query", ",".join(sorted(needed)))] * 4, asked
+    else:
+        assert asked == [], f"the server asked the sites for statistics the run does not need: {asked}"
+    carried = [kind for kind, _, metrics in seen if keys.CLASS_COUNTS in metrics]
+    assert carried == (["query"] * 4 if keys.CLASS_COUNTS in needed else []), carried

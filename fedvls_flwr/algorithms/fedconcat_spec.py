@@ -40,6 +40,12 @@ def fedconcat_assignment(text: str) -> list[int]:
     return [int(v) for v in text.split(",")] if text else []
 
 
+def fedconcat_needs_shares(values: Mapping[str, Any]) -> bool:
+    """FedConcat needs the sites' label distributions for its K-means only: with
+    ``fedconcat-assignment`` given, nothing is asked and nothing is shared."""
+    return not fedconcat_assignment(str(values.get("fedconcat-assignment", "")))
+
+
 def fedconcat_rules(values: Mapping[str, Any], selection: Selection) -> str | None:
     """What FedConcat needs of the rest of the run config."""
     rounds, k = int(values["num-server-rounds"]), int(values["fedconcat-clusters"])
@@ -92,7 +98,8 @@ def fedconcat_federation_rules(values: Mapping[str, Any], nodes: int) -> str | N
 FEDCONCAT = Part(
     "fedconcat", "FedConcat", "fedvls_flwr.algorithms.fedconcat:FedConcat",
     (FEDCONCAT_CLUSTERS, FEDCONCAT_ENCODER_ROUNDS, FEDCONCAT_HEAD_STEPS, FEDCONCAT_HEAD_INIT, FEDCONCAT_ASSIGNMENT),
-    shares=("class-counts",), rules=fedconcat_rules, federation_rules=fedconcat_federation_rules,
+    shares=("class-counts",), shares_needed=fedconcat_needs_shares, rules=fedconcat_rules,
+    federation_rules=fedconcat_federation_rules,
     sends="stage 1: the site's cluster model instead of one global model; stage 2: the K frozen encoders, "
           "once per node, then the head each round",
 )

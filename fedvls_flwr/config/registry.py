@@ -117,8 +117,10 @@ def run_parts(values: Mapping[str, Any]) -> dict[str, Part]:
 
 
 def site_shares(values: Mapping[str, Any]) -> frozenset[str]:
-    """The per-site statistics a run's parts need on the server (the union of their ``shares``)."""
-    return frozenset(s for part in run_parts(values).values() for s in part.shares)
+    """The per-site statistics a run's parts need on the server (the union of their ``shares``,
+    of the parts that need them with these values: ``Part.shares_needed``)."""
+    return frozenset(s for part in run_parts(values).values()
+                     if part.shares_needed is None or part.shares_needed(values) for s in part.shares)
 
 
 def combination_label(values: Mapping[str, Any], typed: bool = True) -> str:

@@ -23,7 +23,7 @@ from typing import Any
 
 from fedvls_flwr.config.settings import Setting
 
-__all__ = ["EveryValueLabel", "FederationRule", "Part", "Rule", "SITE_STATISTICS", "Selection", "Unread"]
+__all__ = ["EveryValueLabel", "FederationRule", "Part", "Rule", "SITE_STATISTICS", "Selection", "SharesNeeded", "Unread"]
 
 #: Per-site statistics a part may declare in ``Part.shares``, with what they reveal (docs).
 SITE_STATISTICS: dict[str, str] = {
@@ -48,6 +48,8 @@ FederationRule = Callable[[Mapping[str, Any], int], str | None]
 #: The part's own settings that a run (its whole config) selects the part but does not read,
 #: key -> (why nothing reads it, how to make it count): FedGF's threshold with a fixed c.
 Unread = Callable[[Mapping[str, Any]], dict[str, tuple[str, str]]]
+#: Whether a run (its whole config) needs the part's declared ``shares`` at all.
+SharesNeeded = Callable[[Mapping[str, Any]], bool]
 
 
 class EveryValueLabel(Mapping[Any, str]):
@@ -101,6 +103,10 @@ class Part:
         :data:`SITE_STATISTICS`). A site's reply carries only what the run's parts declare
         here: FedAvg, FedLC, FedNTD and FedVLS declare nothing, so no label distribution
         leaves a site for them.
+    shares_needed
+        Whether a run (its values) needs the declared ``shares`` at all; None: whenever the part
+        runs. FedConcat needs its sites' label distributions only for K-means: with
+        ``fedconcat-assignment`` given, nothing is asked of a site and nothing leaves it.
     server
         ``"module:attr"`` of the part's server-side companion, for a client part that needs
         state kept on the server and sent with the weights (FedGF's perturbed global point and
@@ -136,6 +142,7 @@ class Part:
     impl: str
     settings: tuple[Setting, ...] = ()
     shares: tuple[str, ...] = ()
+    shares_needed: SharesNeeded | None = None
     server: str | None = None
     sends: str = ""
     rules: Rule | None = None

@@ -19,6 +19,7 @@ checkout; for an installed package, relative to the preset's own folder).
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,6 +91,14 @@ def run_name(overrides: dict[str, Any], varying: tuple[str, ...] = ()) -> str:
         parts.append(f"n{federation['num-supernodes']}")
     parts.append(f"s{cfg.seed}")
     return "-".join(str(p).replace("/", "_") for p in parts)
+
+
+def effective_settings(overrides: dict[str, Any], federation: dict[str, Any]) -> str:
+    """What a run computes with: every run-config key (defaults filled in) and its federation
+    settings (the preset's, then the run's own), as comparable text; the run's name aside."""
+    run, own = split_federation(overrides)
+    config = parse_run_config({k: v for k, v in run.items() if k != "run-name"}).to_flower()
+    return json.dumps({**config, **DEFAULT_FEDERATION, **federation, **own}, sort_keys=True, default=str)
 
 
 class _DuplicateKey(yaml.YAMLError):
@@ -219,6 +228,12 @@ def load_preset(path: Path | str, *, sets: dict[str, Any] | None = None, seeds: 
                 raise PresetError(f"preset {path}: run {overrides}: {err}") from None
             check_federation(path, split_federation(overrides)[1])
             runs.append(overrides)
+    # identical in effect: a key written at its default in one run and left out in another
+    settings = [effective_settings(r, federation) for r in runs]
+    for i, one in enumerate(settings):
+        if one in settings[:i]:
+            raise PresetError(f"preset {path}: two runs are identical (same settings, defaults included): "
+                              f"{runs[settings.index(one)]} and {runs[i]}; remove the duplicate")
     varying = tuple(sorted({k for r in runs for k in r if len({repr(x.get(k)) for x in runs}) > 1}))
     for r in runs:
         r.setdefault("run-name", run_name(r, varying))
