@@ -219,6 +219,15 @@ def test_sweep_stopped_by_sigterm_stops_everything_it_started(tmp_path, engine):
     assert not (out / SECOND).exists()
 
 
+def interruptible() -> None:
+    """In the child, before exec: Ctrl-C's default action back. A suite started with SIGINT ignored
+    (``nohup ... &``, a non-interactive shell's background job) passes that on to its children, and
+    Python then installs no KeyboardInterrupt handler: the run would not see the test's Ctrl-C."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_stops_a_sweep_with_one_line_saying_what_is_kept(tmp_path):
     """Ctrl-C as a terminal sends it (SIGINT to the whole foreground process group: the sweep and
     its worker) in the middle of the first run: no traceback, exit 130, one line that says what is
@@ -233,7 +242,7 @@ def test_ctrl_c_stops_a_sweep_with_one_line_saying_what_is_kept(tmp_path):
     preset = write_preset(tmp_path, rounds=ROUNDS_TO_INTERRUPT)
     proc = subprocess.Popen([sys.executable, "-m", "fedvls_flwr", "sweep", str(preset), "-o", str(out)],
                             cwd=PROJECT_DIR, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=interruptible)
     seen: set[int] = set()
     try:
         deadline = time.monotonic() + RUN_TIMEOUT
@@ -275,7 +284,8 @@ def test_ctrl_c_stops_fedvls_run_with_one_line_and_its_command_continues_the_run
     args = ["--run-config", f"dataset='digits' local-epochs=20 num-server-rounds=6 output-dir='{tmp_path / 'runs'}' "
             "run-name='stopped'", "--federation-config", "num-supernodes=3 client-resources-num-cpus=1"]
     proc = subprocess.Popen([sys.executable, "-m", "fedvls_flwr", "run", *args], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=interruptible)
     try:
         deadline = time.monotonic() + RUN_TIMEOUT
         while not (run_dir / "state.json").exists():
