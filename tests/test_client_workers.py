@@ -7,8 +7,9 @@ and test_e2e_client_workers.py."""
 from __future__ import annotations
 
 import math
+import os
 import signal
-from multiprocessing.connection import Connection
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +17,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.common.constant import ErrorCode
 from flwr.supercore.run import Run
 
-from fedvls_flwr.ops.client_pool import ClientPool, ClientWorkersFailed, decode_records, encode_records, run_client
+from fedvls_flwr.ops.client_pool import ClientPool, ClientWorkersFailed
+from fedvls_flwr.ops.client_worker import decode_records, encode_records, run_client
 from fedvls_flwr.ops.inprocess import InProcessGrid
 from fedvls_flwr.ops.resources import (
     Machine,
@@ -244,6 +246,7 @@ def test_a_killed_worker_fails_only_the_message_it_held_and_is_started_again():
         train_round(grid)
         before = set(pool.pids())
         replies = train_round(grid, do={2: "die"})
+        pool.wait_started()  # the new worker
         after = set(pool.pids())
         third = train_round(grid)
     died = replies[2]
@@ -256,24 +259,36 @@ def test_a_killed_worker_fails_only_the_message_it_held_and_is_started_again():
     assert signal.SIGKILL.name in pool.crashes[0]
 
 
-def test_the_arrays_a_round_shares_go_to_each_worker_once(monkeypatch):
+@pytest.mark.parametrize("shared_memory", [True, False])
+def test_the_arrays_a_round_shares_go_to_each_worker_once(monkeypatch, tmp_path, shared_memory):
+    """Through shared memory, or (no /dev/shm, or no room there) through the connection: each
+    worker is sent the round's model once, however many of its messages it runs, and every
+    reply comes back whole."""
+    from fedvls_flwr.ops import client_worker
+
+    if not shared_memory:
+        monkeypatch.setattr(client_worker, "SHM_DIR", tmp_path / "no-such-folder")
     sent: list[int] = []
-    original = Connection.send_bytes
+    put = client_worker.Bulk.put
 
-    def counting(self, buf, offset=0, size=None):
-        sent.append(len(buf))
-        return original(self, buf, offset, size)
+    def counting(self, blobs):
+        sent.extend(len(b) for b in blobs)
+        return put(self, blobs)
 
+    monkeypatch.setattr(client_worker.Bulk, "put", counting)
     grid, pool = pool_grid(workers=2, nodes=6)
     size = 1_000_000  # 4 MB of float32: the only large byte string a message carries
     with pool:
         pool.wait_started()
-        monkeypatch.setattr(Connection, "send_bytes", counting)
         for _ in range(2):
-            train_round(grid, size=size)
-        monkeypatch.undo()
+            replies = train_round(grid, size=size)
+            assert all(np.array_equal(r.content.array_records["arrays"]["w"].numpy(), np.ones(size, np.float32))
+                       for r in replies.values())
+        used = [s.bulk is not None and s.bulk.map is not None for s in pool.slots]
     large = [n for n in sent if n >= 4 * size]
     assert 2 <= len(large) <= 2 * 2, large  # each round: once per worker that took a message, not once per message
+    assert any(used) == shared_memory
+    assert not list(Path("/dev/shm").glob(f"fedvls-{os.getpid()}-*"))  # nothing left behind
 
 
 def test_a_worker_that_cannot_start_is_said_at_the_first_message():
@@ -292,3 +307,38 @@ def test_plan_and_pool_agree_on_this_machine():
     machine = detect_machine()
     plan = plan_workers(machine, 1, 0, 4)
     assert plan.workers == min(4, math.floor(machine.cores)) and plan.describe().startswith(f"{plan.workers} worker")
+
+
+def test_a_message_queued_behind_a_killed_one_never_started_and_runs_on_the_fresh_worker():
+    grid, pool = pool_grid(workers=1, nodes=4)  # one worker: it holds the next message while it runs one
+    with pool:
+        pool.wait_started()
+        replies = train_round(grid, do={0: "die"})
+    assert replies[0].has_error() and replies[0].error.code == ErrorCode.CLIENT_APP_CRASHED
+    assert all(not r.has_error() and int(r.content.metric_records["metrics"]["count"]) == 1
+               for p, r in replies.items() if p != 0)
+    assert len(pool.crashes) == 1
+
+
+def test_console_scripts_are_found_beside_python_on_path_or_in_a_target_install(tmp_path, monkeypatch):
+    """A GPU host may hold Flower in a ``pip install --target`` folder on PYTHONPATH: its scripts
+    are in that folder's bin/, not beside the interpreter."""
+    import sys
+
+    from fedvls_flwr.ops.flower_cli import console_scripts
+
+    target = tmp_path / "target"
+    (target / "fakepkg").mkdir(parents=True)
+    (target / "fakepkg" / "__init__.py").write_text("")
+    (target / "bin").mkdir()
+    (target / "bin" / "fake-script").write_text("#!/bin/sh\n")
+    monkeypatch.syspath_prepend(str(target))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert console_scripts("fake-script", "fakepkg") == target / "bin"
+    on_path = tmp_path / "on-path"
+    on_path.mkdir()
+    (on_path / "fake-script").write_text("#!/bin/sh\n")
+    (on_path / "fake-script").chmod(0o755)
+    monkeypatch.setenv("PATH", str(on_path))
+    assert console_scripts("fake-script", "fakepkg") == on_path
+    assert console_scripts(Path(sys.executable).name, "fakepkg") == Path(sys.executable).parent  # a venv first

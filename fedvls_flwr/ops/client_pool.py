@@ -1,66 +1,84 @@
 """The in-process engine's client workers: a round's clients train at once, in processes that
 start once and stay warm.
 
-Each worker is a Python process (``spawn``: no fork of a process that holds threads or a CUDA
-context) that imports torch, Flower and the ClientApp once, opens its CUDA context once when
-it has a GPU, and keeps its node data caches; it then runs the ClientApp on one message after
-another. The ServerApp stays in the parent, on :class:`~fedvls_flwr.ops.inprocess.InProcessGrid`,
-which hands each pushed message to this pool. How many workers and on which device:
-:func:`fedvls_flwr.ops.resources.plan_workers` (the federation config read as Ray reads it).
+Each worker (:mod:`fedvls_flwr.ops.client_worker`) is a fresh Python process (``python -c``: no
+fork of a process that holds threads or a CUDA context, and unlike ``multiprocessing``'s spawn
+it never imports the caller's main script again) that imports torch, Flower and the ClientApp
+once, opens its CUDA context once when it has a GPU, and keeps its node data caches; it then
+runs the ClientApp on one message after another. The ServerApp stays in the parent, on
+:class:`~fedvls_flwr.ops.inprocess.InProcessGrid`, which hands each pushed message to this
+pool. How many workers and on which device: :func:`fedvls_flwr.ops.resources.plan_workers`
+(the federation config read as Ray reads it).
 
 What keeps a run's results those of one worker (and of ``flwr run .``), bit for bit:
 
-* every message is computed with the plan's thread count and the ClientApp's own seeds (derived
-  from seed, round and partition), whichever worker takes it, with the same per-message
-  process discipline as one worker (:func:`run_client`);
+* every message is computed with the plan's thread count and the ClientApp's own seeds
+  (derived from seed, round and partition), whichever worker takes it, under the same
+  per-message discipline as in one process (:func:`~fedvls_flwr.ops.client_worker.run_client`);
 * the parent owns every node's ``Context``: a message travels with its node's state and the
   reply brings the updated state back; when the ClientApp raises, the state stays as it was
   and the reply is the error reply Flower's simulation builds; one node's messages never run
   at two workers at once;
 * a worker that dies (killed, out of memory) fails only the message it was running: its reply
-  is an error (``CLIENT_APP_CRASHED``), the node's state stays as it was, the worker is
-  started again and the run goes on (the strategy's ``min-fit-fraction`` and ``round-retries``
-  decide what the failed reply means for the round).
+  is an error (``CLIENT_APP_CRASHED``), its node's state stays as it was, a message queued
+  behind it goes back to the queue, the worker is started again and the run goes on (the
+  strategy's ``min-fit-fraction`` and ``round-retries`` decide what the failure means for the
+  round).
 
-Little copying: a worker is sent each distinct array (the global model of a round, which every
-message of the round shares) once, and keeps it for the next message that refers to it; the
-arrays of replies and of node state travel as raw bytes (``Connection.send_bytes``), never
-pickled. Messages are handed out one at a time to whichever worker is free (the server pushes
-a round's largest clients first), by one thread per worker in the parent.
+Little copying: each distinct array (the global model of a round, which every message of the
+round shares) goes to a worker once and stays there for its next message that refers to it;
+arrays travel through a shared-memory file per worker (one copy in, one copy out) or, without
+room for one, as raw socket frames; never pickled. Messages go to whichever worker is free
+(the server pushes a round's largest clients first), by one thread per worker in this process;
+while the queue is long, each worker also holds the next message, so it never waits for this
+process to wake up between two clients.
 """
 
 from __future__ import annotations
 
-import importlib
 import itertools
-import multiprocessing
 import os
-import random
+import pickle
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
-import traceback
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
-import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, Metadata, MetricRecord, RecordDict
+from flwr.app import Context, Error, Message, RecordDict
 from flwr.app.message import make_message
-from flwr.clientapp import ClientApp
-from flwr.clientapp.client_app import ClientAppException
 from flwr.common.constant import ErrorCode
 
-from fedvls_flwr.ops.processes import die_with_parent
+from fedvls_flwr.ops.client_worker import (
+    HEADER_PROTOCOL,
+    WORKER_CODE,
+    Bulk,
+    Encoded,
+    Numbering,
+    decode_records,
+    encode_records,
+    stamped,
+    with_message_id,
+)
 from fedvls_flwr.ops.resources import WorkerPlan, cuda_visible_devices
 
-__all__ = ["ClientPool", "ClientWorkersFailed", "load_client_app", "run_client"]
+__all__ = ["PROJECT_CLIENT_APP", "ClientPool", "ClientWorkersFailed", "crash_reply"]
 
 #: The project's ClientApp, as a worker imports it.
 PROJECT_CLIENT_APP = "fedvls_flwr.app.client_app:app"
+#: Variables a worker's environment sets for itself, whatever its parent's say.
+WORKER_OWN_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "PYTHONPATH"})
+#: Arrays travel through shared memory once a message or a reply carries this many bytes.
+SHARED_MEMORY_FROM = 2**16
+#: A message queued behind a worker's current one must fit the socket's buffer unread.
+QUEUED_HEADER_MOST = 2**16
 #: Seconds a worker may take to start (imports, CUDA context) before it counts as failed.
 START_TIMEOUT = 300.0
 
@@ -69,194 +87,11 @@ class ClientWorkersFailed(RuntimeError):
     """No client worker could start (the message says why: the first worker's traceback)."""
 
 
-# ---- one message, as a Ray actor runs it (one worker, or this process) --------------------
-@contextmanager
-def client_process(threads: int) -> Iterator[None]:
-    """The ClientApp as a Ray actor runs it: its own torch thread count and random generators,
-    which nothing outside the message (the ServerApp's side, the next message) sees."""
-    import torch
-
-    outer_threads = torch.get_num_threads()
-    py_state, np_state = random.getstate(), np.random.get_state()
-    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
-    with torch.random.fork_rng(devices=devices):
-        torch.set_num_threads(threads)
-        try:
-            yield
-        finally:
-            torch.set_num_threads(outer_threads)
-            random.setstate(py_state)
-            np.random.set_state(np_state)
-
-
-def run_client(client_app: ClientApp, message: Message, context: Context, threads: int) -> tuple[Message, bool]:
-    """The node's reply to ``message`` and whether the ClientApp returned one (False: it raised,
-    the reply is the error reply Flower's simulation builds, and ``context.state`` holds again
-    the records it held before, as a Ray actor's copy would)."""
-    kept = dict(context.state.items())
-    try:
-        with client_process(threads):
-            return client_app(message=message, context=context), True
-    except Exception as ex:  # noqa: BLE001 - a ClientApp that raises is a failed reply, as in Flower
-        for name in [n for n in context.state if n not in kept]:
-            del context.state[name]
-        for name, record in kept.items():
-            context.state[name] = record
-        wrapped = ClientAppException(str(ex))
-        return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
-                             reason=str(type(wrapped)) + ":<'" + str(wrapped) + "'>"), reply_to=message), False
-
-
-def with_message_id(metadata: Metadata, message_id: str) -> Metadata:
-    """``metadata`` with ``message_id`` (what a SuperLink gives a message it stores)."""
-    return Metadata(run_id=metadata.run_id, message_id=message_id, src_node_id=metadata.src_node_id,
-                    dst_node_id=metadata.dst_node_id, reply_to_message_id=metadata.reply_to_message_id,
-                    group_id=metadata.group_id, created_at=metadata.created_at, ttl=metadata.ttl,
-                    message_type=metadata.message_type, src_task_id=metadata.src_task_id,
-                    dst_task_id=metadata.dst_task_id)
-
-
-def stamped(reply: Message) -> Message:
-    """``reply`` with a message id of its own, as the SuperLink gives every reply it stores."""
-    metadata = with_message_id(reply.metadata, str(uuid4()))
-    if reply.has_error():
-        return make_message(metadata, error=reply.error)
-    return make_message(metadata, content=reply.content)
-
-
 def crash_reply(message: Message, reason: str) -> Message:
     """The error reply for a message whose worker died (Flower's code for a crashed ClientApp)."""
     return stamped(Message(Error(code=ErrorCode.CLIENT_APP_CRASHED, reason=reason), reply_to=message))
 
 
-def load_client_app(reference: str) -> ClientApp:
-    """``module:attribute``: a ClientApp, or a function that returns one (the tests' fault injection)."""
-    module, _, name = reference.partition(":")
-    found = getattr(importlib.import_module(module), name)
-    app = found if isinstance(found, ClientApp) else found()
-    if not isinstance(app, ClientApp):
-        raise TypeError(f"{reference} is not a ClientApp nor gives one")
-    return app
-
-
-# ---- records on the wire: structure pickled, array bytes as raw frames ----------------------
-Encoded = list[tuple[str, str, Any]]
-
-
-def encode_records(content: RecordDict, blob: Callable[[bytes], int]) -> Encoded:
-    """``content`` as picklable tuples in its own order; each array's bytes replaced by the
-    number ``blob`` gives them."""
-    out: Encoded = []
-    for name, record in content.items():
-        if isinstance(record, ArrayRecord):
-            out.append((name, "arrays", [(k, a.dtype, a.shape, a.stype, blob(a.data)) for k, a in record.items()]))
-        elif isinstance(record, ConfigRecord):
-            out.append((name, "config", dict(record)))
-        else:
-            out.append((name, "metrics", dict(record)))
-    return out
-
-
-def decode_records(encoded: Encoded, blob: Callable[[int], bytes]) -> RecordDict:
-    records: dict[str, ArrayRecord | ConfigRecord | MetricRecord] = {}
-    for name, kind, items in encoded:
-        if kind == "arrays":
-            records[name] = ArrayRecord({k: Array(dtype, tuple(shape), stype, blob(n)) for k, dtype, shape, stype, n in items})
-        elif kind == "config":
-            records[name] = ConfigRecord(items)
-        else:
-            records[name] = MetricRecord(items)
-    return RecordDict(records)
-
-
-class _Numbering:
-    """Numbers for byte strings, one per distinct object (the arrays a round's messages share)."""
-
-    def __init__(self, counter: Iterator[int]) -> None:
-        self.counter = counter
-        self.by_object: dict[int, tuple[int, bytes]] = {}
-
-    def __call__(self, data: bytes) -> int:
-        if id(data) not in self.by_object:
-            self.by_object[id(data)] = (next(self.counter), data)
-        return self.by_object[id(data)][0]
-
-    def blobs(self) -> list[tuple[int, bytes]]:
-        return list(self.by_object.values())
-
-
-def _output_to(path: str) -> None:  # pragma: no cover - a worker process
-    """fd 1 and 2 of this process appended to ``path`` from now on."""
-    import sys
-
-    sys.stdout.flush()
-    sys.stderr.flush()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-
-
-class _Frames:
-    """Byte strings to send after a message, numbered in order."""
-
-    def __init__(self) -> None:
-        self.data: list[bytes] = []
-
-    def __call__(self, data: bytes) -> int:
-        self.data.append(data)
-        return len(self.data) - 1
-
-
-# ---- the worker process ------------------------------------------------------------------
-def _worker_main(conn: Connection, cuda_visible: str, threads: int, app_reference: str) -> None:  # pragma: no cover
-    """A worker: start up, say ready (or why not), then run one message after another."""
-    os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible  # before any CUDA call: Ray's rule for an actor
-    os.environ["OMP_NUM_THREADS"] = str(threads)
-    die_with_parent()
-    try:
-        import torch
-
-        torch.set_num_threads(threads)
-        client_app = load_client_app(app_reference)
-        if cuda_visible and torch.cuda.is_available():
-            torch.zeros(1, device="cuda")  # the CUDA context, once, before the first message
-        conn.send(("ready", os.getpid()))
-    except BaseException:  # noqa: BLE001 - said to the parent, which says it to the user
-        conn.send(("failed", traceback.format_exc()))
-        return
-    blobs: dict[int, bytes] = {}
-    output: str | None = None
-    while True:
-        try:
-            task = conn.recv()
-        except (EOFError, OSError):
-            return
-        if task is None:
-            return
-        number, new, keep, metadata, content, (run_id, node_id, node_config, run_config), state, log_to = task
-        if log_to is not None and log_to != output:  # a kept worker's output goes to its current run's log
-            _output_to(log_to)
-            output = log_to
-        for blob_number in new:
-            blobs[blob_number] = conn.recv_bytes()
-        message = make_message(metadata, content=decode_records(content, blobs.__getitem__))
-        context = Context(run_id=run_id, node_id=node_id, node_config=node_config,
-                          state=decode_records(state, blobs.__getitem__), run_config=run_config)
-        for blob_number in [b for b in blobs if b not in keep]:  # the node's state, an earlier round's arrays
-            del blobs[blob_number]
-        t0 = time.perf_counter()
-        reply, returned = run_client(client_app, message, context, threads)
-        seconds = time.perf_counter() - t0
-        frames = _Frames()
-        body = ("error", reply.error) if reply.has_error() else ("content", encode_records(reply.content, frames))
-        new_state = encode_records(context.state, frames) if returned else None
-        conn.send((number, seconds, reply.metadata, body, new_state, len(frames.data)))
-        for data in frames.data:
-            conn.send_bytes(data)
-
-
-# ---- the parent's side -------------------------------------------------------------------
 @dataclass
 class _Task:
     number: int
@@ -264,11 +99,11 @@ class _Task:
     context: Context
     blobs: list[tuple[int, bytes]]  # the message's arrays, numbered (shared with the round's other messages)
     content: Encoded
-    started: float = 0.0
+    generation: int = 0  # the pool's generation when it was queued (a run's)
 
 
 class _WorkerGone(Exception):
-    """The worker process ended while it held a message."""
+    """The worker process ended while it held messages."""
 
 
 @dataclass
@@ -277,14 +112,17 @@ class _Slot:
 
     index: int
     gpus: tuple[int, ...]
-    process: Any = None
+    process: subprocess.Popen | None = None
     conn: Connection | None = None
-    has: set[int] = field(default_factory=set)   # blob numbers the worker keeps
-    state: str = "starting"                       # starting, ready, failed
+    has: set[int] = field(default_factory=set)       # blob numbers the worker keeps
+    state: str = "starting"                           # starting, ready, failed
     failure: str = ""
-    starts: int = 0
-    served: int = 0
-    task: _Task | None = None                     # the message the worker holds
+    held: deque[_Task] = field(default_factory=deque)  # sent, reply not yet back (the first is running)
+    env: dict[str, str] = field(default_factory=dict)  # this process's environment when the worker started
+    bulk: Bulk | None = None                          # the shared-memory file with the worker
+    unlink: str | None = None                         # its path, until the worker has mapped it
+    reply_bytes: int = 0                              # the largest reply's arrays so far
+    shared_memory: bool = True                        # False: no room in /dev/shm, the socket only
 
 
 class ClientPool:
@@ -303,10 +141,11 @@ class ClientPool:
         self._busy_nodes: set[int] = set()
         self._replies: dict[str, Message] = {}
         self._numbers = itertools.count(1)
+        self._generation = 0
         self._closing = False
         self._parent_cuda = os.environ.get("CUDA_VISIBLE_DEVICES")
         self.client_seconds = 0.0  # time inside the ClientApp, all workers together
-        self.transport_seconds = 0.0  # per message: from handed out to reply taken back, less the ClientApp's time
+        self.transport_seconds = 0.0  # this process's time handing messages out and taking replies back
         self.crashes: list[str] = []
         self.log_to: str | None = None  # where the workers' own output goes (None: where it went)
         self.slots = [_Slot(i, gpus) for i, gpus in enumerate(plan.devices)]
@@ -318,13 +157,12 @@ class ClientPool:
     # ---- the caller's side -----------------------------------------------------------------
     def submit(self, messages: list[tuple[Message, Context]]) -> None:
         """Queue ``messages`` (their ids set), in order; every distinct array numbered once."""
-        numbering = _Numbering(self._numbers)
+        numbering = Numbering(self._numbers)
         tasks = []
         for message, context in messages:
             content = encode_records(message.content, numbering) if message.has_content() else []
-            tasks.append(_Task(next(self._numbers), message, context, [], content))
-        shared = numbering.blobs()
-        by_number = dict(shared)
+            tasks.append(_Task(next(self._numbers), message, context, [], content, generation=self._generation))
+        by_number = dict(numbering.blobs())
         for task in tasks:
             task.blobs = [(n, by_number[n]) for n in sorted(_blob_numbers(task.content))]
         with self._cond:
@@ -356,12 +194,24 @@ class ClientPool:
             if all(slot.state == "failed" for slot in self.slots):
                 raise ClientWorkersFailed(self._failure_text())
 
+    def forget(self) -> None:
+        """A run ended: what it queued is dropped, and replies still coming for it are not kept
+        (a kept pool serves the next run from a clean slate)."""
+        with self._cond:
+            self._generation += 1
+            for task in self._pending:
+                self._busy_nodes.discard(task.context.node_id)
+            self._pending.clear()
+            self._replies.clear()
+
     @property
     def alive(self) -> bool:
         return not self._closing and any(slot.state != "failed" for slot in self.slots)
 
     def pids(self) -> list[int]:
-        return [s.process.pid for s in self.slots if s.process is not None and s.state == "ready"]
+        """The worker processes' PIDs (those started and not failed)."""
+        return [s.process.pid for s in self.slots
+                if s.process is not None and s.state == "ready" and s.process.poll() is None]
 
     def close(self, timeout: float = 10.0) -> None:
         """Every worker stopped: idle ones told to end, busy ones (a stopped run) terminated."""
@@ -371,7 +221,7 @@ class ClientPool:
             self._cond.notify_all()
         for slot in self.slots:
             process = slot.process
-            if process is not None and process.is_alive() and (slot.task is not None or slot.state == "starting"):
+            if process is not None and process.poll() is None and (slot.held or slot.state == "starting"):
                 process.terminate()  # it holds a message nobody waits for any more, or is still starting
         for thread in self._threads:
             thread.join(timeout)
@@ -386,54 +236,118 @@ class ClientPool:
 
     # ---- one thread per worker -------------------------------------------------------------
     def _serve(self, slot: _Slot) -> None:
-        """Start the slot's worker, then feed it messages until the pool closes."""
+        """Start the slot's worker, then keep it fed until the pool closes: one message
+        running and, while the queue is long, the next one waiting in its socket."""
         if not self._start(slot):
             return
-        while True:
-            task = self._take(slot)
-            if task is None:
-                break
-            slot.task = task
-            reply, state, seconds = self._run(slot, task)
-            slot.task = None
-            with self._cond:
-                if state is not None:
-                    task.context.state = state
-                if seconds is not None:
-                    self.client_seconds += seconds
-                    self.transport_seconds += time.perf_counter() - task.started - seconds
-                self._busy_nodes.discard(task.context.node_id)
-                self._replies[task.message.metadata.message_id] = reply
-                self._cond.notify_all()
-            if slot.state == "failed":
-                break
+        while slot.state != "failed":
+            if not slot.held:  # nothing to run: wait for a message (None: the pool closes)
+                task = self._take(slot, queued=False)
+                if task is None:
+                    break
+                try:
+                    self._send(slot, task, queued=False)
+                except _WorkerGone as gone:
+                    slot.held.append(task)
+                    self._lost(slot, str(gone))
+                    continue
+            if len(slot.held) == 1 and (task := self._take(slot, queued=True)) is not None:
+                try:
+                    self._send(slot, task, queued=True)
+                except _Unqueued:
+                    self._put_back(task)
+                except _WorkerGone as gone:
+                    slot.held.append(task)
+                    self._lost(slot, str(gone))
+                    continue
+            head = slot.held[0]
+            try:
+                reply, state, seconds = self._receive(slot, head)
+            except _WorkerGone as gone:
+                self._lost(slot, str(gone))
+                continue
+            slot.held.popleft()
+            self._finish(head, reply, state, seconds)
         self._stop(slot)
 
-    def _take(self, slot: _Slot) -> _Task | None:
+    def _take(self, slot: _Slot, queued: bool) -> _Task | None:
+        """The next message for this worker: the first queued whose node is free. With nothing
+        held, wait for one (None: the pool closes); ``queued`` (the worker is busy): only while
+        more messages wait than there are workers (the round's last ones go to whoever is free
+        first), and only one that needs nothing but its header."""
         with self._cond:
             while not self._closing:
-                for i, task in enumerate(self._pending):
-                    if task.context.node_id not in self._busy_nodes:  # one node's messages one at a time
+                if not queued or len(self._pending) > len(self.slots):
+                    for i, task in enumerate(self._pending):
+                        if task.context.node_id in self._busy_nodes:  # one node's messages one at a time
+                            continue
+                        if queued and (any(n not in slot.has for n, _ in task.blobs) or task.context.state.array_records):
+                            return None
                         self._busy_nodes.add(task.context.node_id)
                         return self._pending.pop(i)
+                if queued:
+                    return None
                 self._cond.wait()
             return None
 
+    def _put_back(self, task: _Task) -> None:
+        with self._cond:
+            self._busy_nodes.discard(task.context.node_id)
+            self._pending.insert(0, task)
+            self._cond.notify_all()
+
+    def _finish(self, task: _Task, reply: Message, state: RecordDict | None, seconds: float | None) -> None:
+        with self._cond:
+            if state is not None:
+                task.context.state = state
+            if seconds is not None:
+                self.client_seconds += seconds
+            self._busy_nodes.discard(task.context.node_id)
+            if task.generation == self._generation:  # else its run ended without it
+                self._replies[task.message.metadata.message_id] = reply
+            self._cond.notify_all()
+
+    def _lost(self, slot: _Slot, text: str) -> None:
+        """The worker died: the message it was running fails (its node's state kept), one queued
+        behind it goes back to the queue (it never started), and a fresh worker starts."""
+        self.crashes.append(text)
+        held, slot.held = list(slot.held), deque()
+        self._stop(slot)
+        with self._cond:
+            slot.state = "starting"
+            for task in reversed(held[1:]):
+                self._busy_nodes.discard(task.context.node_id)
+                self._pending.insert(0, task)
+        self._finish(held[0], crash_reply(held[0].message, text), None, None)
+        if not self._closing:
+            self._start(slot)
+        else:
+            slot.state = "failed"
+
     def _start(self, slot: _Slot) -> bool:
-        """Spawn the slot's worker (from this thread: it dies with the thread that started it)
-        and wait until it is ready; False when it could not start."""
-        context = multiprocessing.get_context("spawn")
-        parent, child = context.Pipe()
-        visible = cuda_visible_devices(slot.gpus, self._parent_cuda)
-        process = context.Process(target=_worker_main, args=(child, visible, self.plan.omp_threads, self.client_app),
-                                  daemon=True, name=f"fedvls-client-worker-{slot.index}")
-        process.start()
-        child.close()
-        slot.process, slot.conn, slot.has, slot.starts = process, parent, set(), slot.starts + 1
+        """Start the slot's worker (from this thread: it dies with the thread that started it)
+        and wait until it is ready; False when it could not start. Its environment: this
+        process's, with the slot's GPUs as ``CUDA_VISIBLE_DEVICES`` ("" for none: Ray's rule for
+        an actor), num-cpus as ``OMP_NUM_THREADS`` and this process's import path."""
+        ours, theirs = socket.socketpair()
+        own = {"CUDA_VISIBLE_DEVICES": cuda_visible_devices(slot.gpus, self._parent_cuda),
+               "OMP_NUM_THREADS": str(self.plan.omp_threads),
+               "PYTHONPATH": os.pathsep.join([p for p in sys.path if p] + [os.environ.get("PYTHONPATH", "")])}
+        slot.env = dict(os.environ)
+        failure = ""
+        try:
+            process: subprocess.Popen | None = subprocess.Popen(
+                [sys.executable, "-c", WORKER_CODE, str(theirs.fileno()), str(self.plan.omp_threads), self.client_app],
+                env={**slot.env, **own}, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+        except OSError as err:
+            process, failure = None, f"the worker process could not be started: {err}"
+        theirs.close()
+        conn = Connection(ours.detach())
+        slot.process, slot.conn, slot.has, slot.state = process, conn, set(), "starting"
         said: Any = None
-        if parent.poll(START_TIMEOUT):
+        if process is not None and conn.poll(START_TIMEOUT):
             try:
-                said = parent.recv()
+                said = conn.recv()
             except (EOFError, OSError):
                 said = None
         with self._cond:
@@ -441,34 +355,19 @@ class ClientPool:
                 slot.state = "ready"
             else:
                 slot.state = "failed"
-                slot.failure = (said[1] if isinstance(said, tuple) else
-                                f"the worker process ended at start (exit code {process.exitcode})")
+                slot.failure = failure or (said[1] if isinstance(said, tuple) else
+                                           f"the worker process ended at start (exit code "
+                                           f"{None if process is None else process.poll()})")
                 self._fail_pending_if_none_left()
             self._cond.notify_all()
         if slot.state == "failed":
             self._stop(slot)
         return slot.state == "ready"
 
-    def _run(self, slot: _Slot, task: _Task) -> tuple[Message, RecordDict | None, float | None]:
-        """The task's reply from the slot's worker, the node's new state (None: unchanged) and
-        the seconds the ClientApp took (None: the worker died, failing the task; it is started again)."""
-        if slot.process is not None and not slot.process.is_alive() and not self._closing:
-            self._stop(slot)  # it died while idle: a fresh one takes the message, which nobody ran yet
-            if not self._start(slot):
-                return crash_reply(task.message, self._failure_text()), None, None
-        task.started = time.perf_counter()
-        try:
-            reply, state, seconds = self._exchange(slot, task)
-        except _WorkerGone as gone:
-            self.crashes.append(str(gone))
-            self._stop(slot)
-            if not self._closing:
-                self._start(slot)
-            return crash_reply(task.message, str(gone)), None, None
-        slot.served += 1
-        return reply, state, seconds
-
-    def _exchange(self, slot: _Slot, task: _Task) -> tuple[Message, RecordDict | None, float]:
+    def _send(self, slot: _Slot, task: _Task, queued: bool) -> None:
+        """Hand ``task`` to the slot's worker. ``queued`` (the worker is busy): the header only,
+        and small enough to wait in the socket unread (else :class:`_Unqueued`)."""
+        t0 = time.perf_counter()
         conn = slot.conn
         assert conn is not None
         context = task.context
@@ -480,33 +379,80 @@ class ClientPool:
 
         state = encode_records(context.state, state_blob)
         new = [(n, data) for n, data in task.blobs if n not in slot.has]
+        numbers = [n for n, _ in new] + [-(i + 1) for i in range(len(state_blobs))]
+        outgoing = [data for _, data in new] + state_blobs
         keep = [n for n, _ in task.blobs]
         node = (context.run_id, context.node_id, dict(context.node_config), dict(context.run_config))
+        now = os.environ
+        env: dict[str, str | None] = {k: v for k, v in now.items() if slot.env.get(k) != v and k not in WORKER_OWN_ENV}
+        env.update({k: None for k in slot.env if k not in now and k not in WORKER_OWN_ENV})
+        bulk = slot.bulk = slot.bulk or Bulk(conn)
+        segment = None if queued else self._room(slot, bulk, sum(len(d) for d in outgoing))
+        layout: list[tuple[int | None, int]] = [(None, len(d)) for d in outgoing] if queued else bulk.put(outgoing)
+        header = pickle.dumps((task.number, segment, list(zip(numbers, layout)), keep, task.message.metadata,
+                               task.content, node, state, self.log_to, env), HEADER_PROTOCOL)
+        if queued and (outgoing or len(header) > QUEUED_HEADER_MOST):
+            raise _Unqueued
         try:
-            conn.send((task.number, [n for n, _ in new] + [-(i + 1) for i in range(len(state_blobs))], keep,
-                       task.message.metadata, task.content, node, state, self.log_to))
-            for _, data in new:
-                conn.send_bytes(data)
-            for data in state_blobs:
-                conn.send_bytes(data)
-            slot.has = set(keep)
-            number, seconds, metadata, body, new_state, count = conn.recv()
-            frames = [conn.recv_bytes() for _ in range(count)]
+            conn.send_bytes(header)
+            bulk.send_rest(outgoing, layout)
+        except OSError as err:
+            raise _WorkerGone(self._gone_text(slot, task, err)) from None
+        slot.has = set(keep)
+        slot.held.append(task)
+        self._spent(time.perf_counter() - t0)
+
+    def _receive(self, slot: _Slot, task: _Task) -> tuple[Message, RecordDict | None, float]:
+        """The reply to ``task`` (the first message the worker holds), the node's new state
+        (None: unchanged, the ClientApp raised) and the seconds the ClientApp took."""
+        conn, bulk = slot.conn, slot.bulk
+        assert conn is not None and bulk is not None
+        try:
+            number, seconds, metadata, body, new_state, reply_layout = pickle.loads(conn.recv_bytes())
+            t0 = time.perf_counter()
+            frames = bulk.take(reply_layout)
         except (EOFError, OSError) as err:
             raise _WorkerGone(self._gone_text(slot, task, err)) from None
         assert number == task.number, (number, task.number)
+        if slot.unlink is not None:  # the worker has mapped it: the name is no longer needed
+            Path(slot.unlink).unlink(missing_ok=True)
+            slot.unlink = None
+        slot.reply_bytes = max(slot.reply_bytes, sum(n for _, n in reply_layout))
         metadata = with_message_id(metadata, str(uuid4()))
         if body[0] == "error":
             reply = make_message(metadata, error=body[1])
         else:
             reply = make_message(metadata, content=decode_records(body[1], frames.__getitem__))
-        return reply, None if new_state is None else decode_records(new_state, frames.__getitem__), seconds
+        state = None if new_state is None else decode_records(new_state, frames.__getitem__)
+        self._spent(time.perf_counter() - t0)
+        return reply, state, seconds
+
+    def _spent(self, seconds: float) -> None:
+        with self._cond:
+            self.transport_seconds += seconds
+
+    def _room(self, slot: _Slot, bulk: Bulk, outgoing: int) -> tuple[str, int] | None:
+        """A bigger shared-memory file when this message or the replies so far would not fit
+        (its path and size, for the worker to map), else None: the one it has will do."""
+        needed = max(outgoing, slot.reply_bytes)
+        if not slot.shared_memory or needed <= bulk.size or needed < SHARED_MEMORY_FROM:
+            return None
+        size = int(max(needed, 2 * outgoing) * 1.25) + 2**16
+        path = bulk.create(size, f"fedvls-{os.getpid()}-{id(self):x}-{slot.index}-{next(self._numbers)}")
+        if path is None:
+            slot.shared_memory = False  # no room in /dev/shm: the socket from now on
+            return None
+        slot.unlink = path
+        return path, size
 
     def _gone_text(self, slot: _Slot, task: _Task, err: BaseException) -> str:
         process = slot.process
+        code = None
         if process is not None:
-            process.join(5)
-        code = None if process is None else process.exitcode
+            try:
+                code = process.wait(5)
+            except subprocess.TimeoutExpired:
+                code = None
         how = (f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0
                else f"ended (exit code {code})" if code is not None else f"stopped answering ({err})")
         return (f"the client worker process (pid {None if process is None else process.pid}) {how} while it ran "
@@ -532,20 +478,31 @@ class ClientPool:
         process, conn = slot.process, slot.conn
         if conn is not None:
             try:
-                conn.send(None)
+                conn.send_bytes(pickle.dumps(None))
             except (OSError, ValueError):
                 pass
         if process is not None:
-            process.join(5)
-            if process.is_alive():
-                process.terminate()
-                process.join(5)
-            if process.is_alive():
-                process.kill()
-                process.join(5)
+            for stop in (None, process.terminate, process.kill):
+                if stop is not None and process.poll() is None:
+                    stop()
+                try:
+                    process.wait(5)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
         if conn is not None:
             conn.close()
         slot.conn = None
+        if slot.bulk is not None:
+            slot.bulk.close()
+        slot.bulk, slot.reply_bytes = None, 0
+        if slot.unlink is not None:
+            Path(slot.unlink).unlink(missing_ok=True)
+            slot.unlink = None
+
+
+class _Unqueued(Exception):
+    """A message too big to wait behind another in a worker's socket: it stays in the queue."""
 
 
 def _blob_numbers(encoded: Encoded) -> set[int]:

@@ -50,7 +50,8 @@ from fedvls_flwr.app.client_app import app as project_client_app
 from fedvls_flwr.app.server_app import RUN_RECORD
 from fedvls_flwr.app.server_app import app as server_app
 from fedvls_flwr.config.run_config import ConfigError, RunConfig
-from fedvls_flwr.ops.client_pool import PROJECT_CLIENT_APP, ClientPool, run_client, stamped
+from fedvls_flwr.ops.client_pool import PROJECT_CLIENT_APP, ClientPool
+from fedvls_flwr.ops.client_worker import run_client, stamped
 from fedvls_flwr.ops.launch import PROJECT_DIR
 from fedvls_flwr.ops.resources import (
     FLOWER_DEFAULT_CLIENT_CPUS,
@@ -203,12 +204,12 @@ class InProcessRun:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-#: A pool a sweep's worker keeps between its runs (see ``keep_pool``), with what it was made for.
+#: The pool kept warm between runs in this process (see ``keep_pool``), with what it was made for.
 _kept: tuple[ClientPool, tuple] | None = None
 
 
 def close_kept_pool() -> None:
-    """Stop the workers a ``keep_pool`` run left running (a sweep worker, when it ends)."""
+    """Stop the workers a ``keep_pool`` run left running (at exit; a sweep worker when it ends)."""
     global _kept
     if _kept is not None:
         _kept[0].close()
@@ -219,7 +220,8 @@ atexit.register(close_kept_pool)
 
 
 def _pool_for(plan: WorkerPlan, client_app: str, keep: bool) -> ClientPool:
-    """A pool for ``plan``: the kept one when it was made for the same plan and ClientApp."""
+    """A pool for ``plan``: the kept one when it was made for the same plan and ClientApp (each
+    message carries the changes of this process's environment to its worker)."""
     global _kept
     key = (plan.devices, plan.omp_threads, client_app)
     if _kept is not None and _kept[1] == key and _kept[0].alive:
@@ -248,7 +250,7 @@ def client_plan(run_config: dict[str, Any], num_supernodes: int, client_cpus: fl
 def run_in_process(overrides: dict[str, Any], num_supernodes: int = 10, *,
                    client_cpus: float = FLOWER_DEFAULT_CLIENT_CPUS, client_gpus: float = FLOWER_DEFAULT_CLIENT_GPUS,
                    workers: int | None = None, machine: Machine | None = None, project_dir: Path | None = None,
-                   client_app: ClientApp | str | None = None, keep_pool: bool = False,
+                   client_app: ClientApp | str | None = None, keep_pool: bool = True,
                    client_output: Path | None = None) -> InProcessRun:
     """Run one experiment on the in-process engine: ``overrides`` of the app's run config (as
     ``flwr run --run-config`` gives them), ``num_supernodes`` simulated nodes, each client with
@@ -261,8 +263,9 @@ def run_in_process(overrides: dict[str, Any], num_supernodes: int = 10, *,
     ``client_app``: another ClientApp: a ``module:attribute`` reference (a ClientApp, or a
     function that gives one: what a worker process imports), or a ClientApp object, which runs
     in this process only (one worker; the tests' fault injection wraps the project's).
-    ``keep_pool``: leave the workers running for the next run with the same plan (a sweep
-    worker); ``client_output``: the file the workers' own output goes to (the run's log).
+    ``keep_pool``: leave the workers running for this process's next run with the same plan
+    and ClientApp (a sweep worker's next run; they stop when this process ends);
+    ``client_output``: the file the workers' own output goes to (the run's log).
     """
     run_config = fused_run_config(overrides, project_dir)
     app: ClientApp | None
@@ -279,7 +282,7 @@ def run_in_process(overrides: dict[str, Any], num_supernodes: int = 10, *,
     log(INFO, "client workers: %s", plan.describe())
     pool = None if plan.in_this_process or reference is None else _pool_for(plan, reference, keep_pool)
     if pool is None and app is None:
-        from fedvls_flwr.ops.client_pool import load_client_app
+        from fedvls_flwr.ops.client_worker import load_client_app
 
         app = load_client_app(str(reference))
     assert app is not None or pool is not None
@@ -297,8 +300,10 @@ def run_in_process(overrides: dict[str, Any], num_supernodes: int = 10, *,
         server_app(grid=grid, context=context)
     finally:
         TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = identity
-        if pool is not None and not (keep_pool and pool.alive):
-            pool.close()
+        if pool is not None:
+            pool.forget()
+            if not (keep_pool and pool.alive):
+                pool.close()
     run_dir = Path(str(context.state.config_records[RUN_RECORD]["run-dir"]))
     extra: dict[str, Any] = {}
     client_seconds = grid.client_seconds
