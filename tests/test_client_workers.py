@@ -342,3 +342,25 @@ def test_console_scripts_are_found_beside_python_on_path_or_in_a_target_install(
     monkeypatch.setenv("PATH", str(on_path))
     assert console_scripts("fake-script", "fakepkg") == on_path
     assert console_scripts(Path(sys.executable).name, "fakepkg") == Path(sys.executable).parent  # a venv first
+
+
+def test_a_sweep_caps_parallel_at_the_machines_room_and_says_each_runs_share():
+    from fedvls_flwr.experiments.preset import PresetError
+    from fedvls_flwr.experiments.sweep import machine_shares
+
+    said: list[str] = []
+    parallel, shares = machine_shares([{"client-resources-num-cpus": 1}], 8, said.append, Machine(2))
+    assert parallel == 2 and [m.cores for m in shares] == [1, 1]
+    assert "--parallel 8: this machine (2 cores, no GPU) has room for 2 run(s) at once" in said[0]
+    assert "2 run(s) at once, each with 1 core, no GPU" in said[-1] and "1 worker" in said[-1]
+    said.clear()
+    assert machine_shares([{"client-resources-num-cpus": 1}], 1, said.append, Machine(2))[0] == 1
+    assert "2 workers: 2 on the CPU" in said[-1]
+    said.clear()
+    assert machine_shares([{}], 4, said.append, Machine(16, gpus(1)), runs=3)[0] == 3  # no more shares than runs
+    said.clear()
+    gpu = [{"client-resources-num-cpus": 1, "client-resources-num-gpus": 0.25}]
+    parallel, shares = machine_shares(gpu, 2, said.append, Machine(16, gpus(1)))
+    assert parallel == 2 and "each with 8 cores, 0.5 of cuda:0" in said[-1] and "2 workers: 2 on cuda:0" in said[-1]
+    with pytest.raises(PresetError, match="client-resources-num-gpus=0 to train on the CPU"):
+        machine_shares(gpu, 1, said.append, Machine(2))

@@ -19,6 +19,7 @@ import mmap
 import os
 import pickle
 import random
+import signal
 import sys
 import time
 import traceback
@@ -262,6 +263,9 @@ def worker_main(fd: str, threads_text: str, app_reference: str) -> None:  # prag
     die_with_parent()
     if os.getppid() != parent:  # the parent died before the line above
         return
+    # Ctrl-C in a terminal reaches the whole process group: the run's own process says what is
+    # saved and stops its workers; a worker would only add a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     conn = Connection(int(fd))
     threads = int(threads_text)
     cuda_visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
