@@ -17,8 +17,10 @@ Workloads (every process fresh; the data is the real MNIST test split, ``--data-
   (``fedvls run --workers 1``) one client after the other, the in-process engine with its
   workers (two on this 2-core machine) and Ray (two actors) two at once; the plain loop's and
   the in-process engine's server side on one thread (``OMP_NUM_THREADS=1``: the same work), Ray's
-  ServerApp on torch's default threads. The issue-43 targets: the workers' round at most 0.6x
-  the one-worker round and no slower than ``flwr run``'s, all three histories equal.
+  ServerApp on torch's default threads. Then both in-process variants again with their server
+  side on torch's default threads, as a user runs them and as Ray's ServerApp runs: the
+  issue-43 targets are the workers' round at most 0.6x the one-worker round and no slower than
+  ``flwr run``'s, every history equal.
 * ``fedconcat``: FedConcat (K = 2) on the same data, 2 encoder rounds and ``--head-rounds``
   head rounds: the steady seconds per head round (median over the head rounds after the
   first, which also sends the encoders); the plain loop is
@@ -100,15 +102,18 @@ def plain(config: dict[str, Any], clients: int, steady_from: int) -> dict[str, A
             "accuracy": [r["accuracy"] for r in rounds]}
 
 
-def in_process(config: dict[str, Any], clients: int, steady_from: int, out: Path, workers: int | None = 1) -> dict:
+def in_process(config: dict[str, Any], clients: int, steady_from: int, out: Path, workers: int | None = 1,
+               one_thread: bool = True) -> dict:
     """``fedvls run`` with ``--workers 1`` (the clients one after another in its process) or,
-    ``workers`` None, with the client workers the federation config gives room for."""
-    name = "inprocess" if workers == 1 else "inprocess-workers"
+    ``workers`` None, with the client workers the federation config gives room for;
+    ``one_thread``: the server's side on one thread too (``OMP_NUM_THREADS=1``, as the plain
+    loop), else on torch's default threads (as a user runs it, and as Ray's ServerApp)."""
+    name = f"inprocess-{workers or 'workers'}-{'1t' if one_thread else 'default'}"
     wall, res = _run([sys.executable, "-m", "fedvls_flwr", "run", "--run-config",
                       _config_arg({**config, "output-dir": str(out), "run-name": name}),
                       "--federation-config", f"num-supernodes={clients} client-resources-num-cpus=1",
                       *(["--workers", str(workers)] if workers is not None else [])],
-                     env={"OMP_NUM_THREADS": "1"})  # the server's side on one thread too, as the plain loop
+                     env={"OMP_NUM_THREADS": "1"} if one_thread else {})
     rounds = read_rounds(out / name)
     said = [line.split("client workers: ", 1)[1] for line in (res.stdout + res.stderr).splitlines()
             if "client workers: " in line]
@@ -136,13 +141,30 @@ def with_flwr(config: dict[str, Any], clients: int, steady_from: int, out: Path)
             "accuracy": [r["accuracy"] for r in rounds], "rounds": [_computed(r) for r in rounds]}
 
 
-def engines(config: dict[str, Any], clients: int, steady_from: int, work: Path, plain_config: dict[str, Any]) -> dict:
+def engines(config: dict[str, Any], clients: int, steady_from: int, work: Path, plain_config: dict[str, Any],
+            default_threads: int = 0) -> dict:
+    """Every engine on ``config``; ``default_threads`` > 0: also both in-process variants that
+    many times each with the server's side on torch's default threads (the issue-43 comparison,
+    as a user runs it; the median of their steady rounds)."""
     out = {"plain": plain(plain_config, clients, steady_from),
            "flwr": with_flwr(config, clients, steady_from, work / "flwr"),
-           "inprocess": in_process(config, clients, steady_from, work / "inprocess"),
-           "workers": in_process(config, clients, steady_from, work / "workers", workers=None)}
-    out["same_accuracy"] = out["flwr"]["accuracy"] == out["inprocess"]["accuracy"] == out["workers"]["accuracy"]
-    out["same_history"] = out["flwr"]["rounds"] == out["inprocess"]["rounds"] == out["workers"]["rounds"]
+           "inprocess": in_process(config, clients, steady_from, work),
+           "workers": in_process(config, clients, steady_from, work, workers=None)}
+    for rep in range(default_threads):  # alternately, so that a passing load hits both alike
+        for key, workers in (("inprocess default", 1), ("workers default", None)):
+            res = in_process(config, clients, steady_from, work / f"rep{rep}", workers=workers, one_thread=False)
+            if key in out:
+                out[key]["runs"].append(res)
+            else:
+                out[key] = {**res, "runs": [res]}
+    for key in ("inprocess default", "workers default"):
+        if key in out:
+            out[key]["steady"] = statistics.median(r["steady"] for r in out[key]["runs"])
+    app = [v for k, v in out.items() if k not in ("plain", "inprocess default", "workers default")]
+    app += [r for k in ("inprocess default", "workers default") if k in out for r in out[k]["runs"]]
+    out["same_accuracy"] = all(v["accuracy"] == app[0]["accuracy"] for v in app)
+    out["same_history"] = all(v["rounds"] == app[0]["rounds"] for v in app)
+    out["app_runs"] = len(app)
     return out
 
 
@@ -192,16 +214,21 @@ def markdown(results: dict[str, Any], rounds: int, head_rounds: int) -> str:
             lines.append(f"| {key}: the whole command, wall | {p:.1f} s | {r['flwr']['wall']:.1f} s | "
                          f"{r['inprocess']['wall']:.1f} s | {r['workers']['wall']:.1f} s | {r['flwr']['wall'] / p:.2f}x | "
                          f"{r['inprocess']['wall'] / p:.2f}x | {r['workers']['wall'] / p:.2f}x | | | |")
-    if "fedavg" in results:
+    if "fedavg" in results and "workers default" in results["fedavg"]:  # issue 43
         r = results["fedavg"]
-        f, i, w = (r[e]["steady"] for e in ("flwr", "inprocess", "workers"))
-        lines += ["", "A round's clients at once (issue 43): the steady FedAvg round above, `client-resources-num-cpus=1`, "
-                  "`deterministic = true`; the workers: " + r["workers"]["workers"] + ".", "",
-                  "| in-process, workers / in-process, 1 worker | target | met | in-process, workers / `flwr run` "
-                  "| target | met | histories equal (flwr, 1 worker, workers) |", "|---:|---:|---|---:|---:|---|---|",
-                  f"| {w / i:.2f}x | <= {WORKERS_TARGET:g}x | {'yes' if w / i <= WORKERS_TARGET else 'no'} | {w / f:.2f}x "
-                  f"| <= {WORKERS_VS_FLWR_TARGET:g}x | {'yes' if w / f <= WORKERS_VS_FLWR_TARGET else 'no'} "
-                  f"| {'yes' if r['same_history'] else 'NO'} |"]
+        f, i, w = (r[e]["steady"] for e in ("flwr", "inprocess default", "workers default"))
+        reps = len(r["workers default"]["runs"])
+        lines += ["", "A round's clients at once (issue 43): the steady FedAvg round above with every engine's server "
+                  "side on torch's default threads, as a user runs it (`fedvls run`, `fedvls run --workers 1`, "
+                  "`flwr run .` with the same `--federation-config \"num-supernodes=10 client-resources-num-cpus=1\"`); "
+                  f"the in-process engine's figures are medians of {reps} runs each, taken in turn; the workers: "
+                  + r["workers default"]["workers"] + ".", "",
+                  "| `flwr run` (Ray) | in-process, 1 worker | in-process, workers | workers / 1 worker | target | met "
+                  f"| workers / `flwr run` | target | met | histories equal (all {r['app_runs']} app runs) |",
+                  "|---:|---:|---:|---:|---:|---|---:|---:|---|---|",
+                  f"| {f:.3f} s | {i:.3f} s | {w:.3f} s | {w / i:.2f}x | <= {WORKERS_TARGET:g}x | "
+                  f"{'yes' if w / i <= WORKERS_TARGET else 'no'} | {w / f:.2f}x | <= {WORKERS_VS_FLWR_TARGET:g}x | "
+                  f"{'yes' if w / f <= WORKERS_VS_FLWR_TARGET else 'no'} | {'yes' if r['same_history'] else 'NO'} |"]
     if "sweep" in results:
         s = results["sweep"]
         lines += ["", "| 6-run digits sweep (2 rounds x 1 epoch, 4 clients) | wall | per run | target | met |",
@@ -231,6 +258,7 @@ def main() -> int:
     ap.add_argument("--only", action="append", choices=("fedavg", "fedconcat", "sweep"), default=[])
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--head-rounds", type=int, default=30)
+    ap.add_argument("--reps", type=int, default=3, help="runs of each in-process variant in the issue-43 comparison")
     ap.add_argument("--data-dir", type=Path, default=DATA_DIR)
     ap.add_argument("--write", type=Path, metavar="PAGE", help="put the tables between PAGE's markers")
     ap.add_argument("--json", type=Path, help="every raw figure")
@@ -241,7 +269,8 @@ def main() -> int:
     results: dict[str, Any] = {"load_before": _load()}
     if "fedavg" in todo:
         config = {**data, "method": "fedavg", "local-epochs": 2, "num-server-rounds": args.rounds}
-        results["fedavg"] = engines({**config, "deterministic": True}, 10, 2, work / "fedavg", config)
+        results["fedavg"] = engines({**config, "deterministic": True}, 10, 2, work / "fedavg", config,
+                                    default_threads=args.reps)
     if "fedconcat" in todo:
         config = {**data, "method": "fedavg", "local-epochs": 1, "protocol": "fedconcat", "fedconcat-clusters": 2,
                   "fedconcat-encoder-rounds": 2, "num-server-rounds": 2 + args.head_rounds,

@@ -127,13 +127,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cpu", action="store_true", help="no GPU: tiny sizes on the CPU, to rehearse the script")
     ap.add_argument("--skip-ray", action="store_true", help="leave out the Ray simulation")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--budget", type=float, default=170.0, help="seconds for the whole script (default: %(default)g)")
+    ap.add_argument("--rounds", type=int, help="rounds per run (default: 3; --cpu: 2)")
+    ap.add_argument("--budget", type=float, help="seconds for the whole script (default: 170; --cpu: 900)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per Ray run")
     ap.add_argument("--out", type=Path, help="every figure as JSON")
     ap.add_argument("--keep", action="store_true", help="keep the generated data and run folders")
     args = ap.parse_args()
-    budget = Budget(args.budget)
+    args.rounds = args.rounds or (2 if args.cpu else 3)
+    budget = Budget(args.budget or (900.0 if args.cpu else 170.0))
     import torch
 
     if not args.cpu and not torch.cuda.is_available():
@@ -143,12 +144,13 @@ def main() -> int:
     device = "CPU (--cpu rehearsal)" if args.cpu else torch.cuda.get_device_name(0)
     work = Path(tempfile.mkdtemp(prefix="fedvls-gpu-workers-"))
     out, data = work / "runs", work / "data"
-    per_batch, pool4 = (80, 200) if args.cpu else (5000, 5000)  # 5 training batches; the 4-client runs' subsample
+    per_batch, pool4 = (16, 40) if args.cpu else (5000, 5000)  # 5 training batches; the 4-client runs' subsample
     os.environ.update(cifar_env(work / "shim", write_tiny_cifar10(data, per_batch=per_batch,
-                                                                  n_test=100 if args.cpu else 1000)))
+                                                                  n_test=20 if args.cpu else 1000)))
     gpus4, gpus10 = (0.0, (0.0,)) if args.cpu else (0.25, (0.25, 0.1))
-    base = {"dataset": "cifar10", "data-dir": str(data), "method": "fedavg", "local-epochs": 1, "batch-size": 64,
-            "augment": True, "amp": not args.cpu, "partition": "dirichlet", "dirichlet-beta": 0.5,
+    base = {"dataset": "cifar10", "data-dir": str(data), "method": "fedavg", "local-epochs": 1,
+            "batch-size": 8 if args.cpu else 64,
+            "augment": True, "amp": not args.cpu, "partition": "iid" if args.cpu else "dirichlet", "dirichlet-beta": 0.5,
             "num-server-rounds": args.rounds, "device": "cpu" if args.cpu else "cuda", "output-dir": str(out)}
     four = {**base, "train-pool-size": pool4}
     models = ["mobilenetv2", "resnet18"]

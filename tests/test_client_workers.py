@@ -291,6 +291,35 @@ def test_the_arrays_a_round_shares_go_to_each_worker_once(monkeypatch, tmp_path,
     assert not list(Path("/dev/shm").glob(f"fedvls-{os.getpid()}-*"))  # nothing left behind
 
 
+def test_node_state_the_client_left_alone_is_not_sent_back(monkeypatch):
+    """A large array in a node's state (FedConcat's frozen encoders) goes to the worker with each
+    message, but comes back only when the ClientApp changed it; the node keeps it either way."""
+    from fedvls_flwr.ops import client_worker
+
+    received: list[int] = []
+    take = client_worker.Bulk.take
+
+    def counting(self, layout):
+        received.extend(n for _, n in layout)
+        return take(self, layout)
+
+    monkeypatch.setattr(client_worker.Bulk, "take", counting)  # in this process: the replies' arrays
+    grid, pool = pool_grid(workers=2, nodes=2)
+    with pool:
+        pool.wait_started()
+        first = train_round(grid, do={0: "hold", 1: "hold"})
+        back_first = sum(n for n in received if n >= 4_000_000)
+        received.clear()
+        for _ in range(2):
+            train_round(grid, do={0: "hold", 1: "hold"})
+        back_later = sum(n for n in received if n >= 4_000_000)
+    assert all(not r.has_error() for r in first.values())
+    assert 2 * 4_000_000 <= back_first < 2 * 4_001_000 and back_later == 0  # (each with its npy header)
+    for context in grid.contexts.values():  # written in round 1 (count 1), kept since
+        assert context.state.array_records["big"]["x"].numpy()[0] == 1.0
+        assert int(context.state.config_records["seen"]["count"]) == 3
+
+
 def test_a_worker_that_cannot_start_is_said_at_the_first_message():
     grid, pool = pool_grid(workers=2, app="tests.worker_apps:broken")
     with pool:

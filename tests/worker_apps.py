@@ -4,7 +4,8 @@ process as ``tests.worker_apps:app``.
 
 A train message's ConfigRecord ``"do"`` says what to do: ``count`` (the default) adds one to
 a counter in the node's ``Context.state`` and replies the received arrays; ``raise`` changes
-the state, then raises; ``die`` kills the worker process (SIGKILL).
+the state, then raises; ``die`` kills the worker process (SIGKILL); ``hold`` keeps a 4 MB array in
+the node's state, written the first time and left alone after.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ def train(msg: Message, context: Context) -> Message:
     seen = int(context.state.config_records["seen"]["count"]) if "seen" in context.state.config_records else 0
     if do == "die":
         os.kill(os.getpid(), signal.SIGKILL)
+    if do == "hold" and "big" not in context.state.array_records:
+        context.state["big"] = ArrayRecord({"x": Array(np.full(1_000_000, seen + 1, dtype=np.float32))})
     context.state["seen"] = ConfigRecord({"count": seen + 1})
     context.state["history"] = ArrayRecord({"last": Array(np.full(3, seen + 1, dtype=np.int64))})
     if do == "raise":

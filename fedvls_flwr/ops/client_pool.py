@@ -100,6 +100,7 @@ class _Task:
     blobs: list[tuple[int, bytes]]  # the message's arrays, numbered (shared with the round's other messages)
     content: Encoded
     generation: int = 0  # the pool's generation when it was queued (a run's)
+    state_blobs: list[bytes] = field(default_factory=list)  # the node's state as sent (a reply may name them)
 
 
 class _WorkerGone(Exception):
@@ -174,14 +175,14 @@ class ClientPool:
             self._cond.notify_all()
 
     def collect(self, message_ids: list[str], wait: float = 0.0) -> list[Message]:
-        """The replies to ``message_ids`` that are ready, in that order; with ``wait`` > 0 and
-        none ready, up to ``wait`` seconds for one."""
+        """The replies to ``message_ids`` that are ready, in that order, once all are or after
+        ``wait`` seconds (the caller sees a round's last reply the moment it comes)."""
         deadline = time.monotonic() + wait
         with self._cond:
             while True:
                 ready = [i for i in message_ids if i in self._replies]
                 left = deadline - time.monotonic()
-                if ready or left <= 0:
+                if len(ready) == len(message_ids) or left <= 0:
                     return [self._replies.pop(i) for i in ready]
                 self._cond.wait(left)
 
@@ -380,6 +381,7 @@ class ClientPool:
         state = encode_records(context.state, state_blob)
         new = [(n, data) for n, data in task.blobs if n not in slot.has]
         numbers = [n for n, _ in new] + [-(i + 1) for i in range(len(state_blobs))]
+        task.state_blobs = state_blobs
         outgoing = [data for _, data in new] + state_blobs
         keep = [n for n, _ in task.blobs]
         node = (context.run_id, context.node_id, dict(context.node_config), dict(context.run_config))
@@ -419,11 +421,16 @@ class ClientPool:
             slot.unlink = None
         slot.reply_bytes = max(slot.reply_bytes, sum(n for _, n in reply_layout))
         metadata = with_message_id(metadata, str(uuid4()))
+
+        def blob(n: int) -> bytes:  # a frame of the reply, or (negative) a state array sent with the message
+            return frames[n] if n >= 0 else task.state_blobs[-n - 1]
+
         if body[0] == "error":
             reply = make_message(metadata, error=body[1])
         else:
-            reply = make_message(metadata, content=decode_records(body[1], frames.__getitem__))
-        state = None if new_state is None else decode_records(new_state, frames.__getitem__)
+            reply = make_message(metadata, content=decode_records(body[1], blob))
+        state = None if new_state is None else decode_records(new_state, blob)
+        task.state_blobs = []
         self._spent(time.perf_counter() - t0)
         return reply, state, seconds
 

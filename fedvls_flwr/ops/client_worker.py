@@ -240,12 +240,17 @@ def _output_to(path: str) -> None:  # pragma: no cover - a worker process
 
 
 class _Frames:
-    """Byte strings to send after a message, numbered in order."""
+    """Byte strings to send after a reply, numbered in order from 0; one the parent sent with the
+    message as the node's state (its number there, negative) and still unchanged is not sent
+    back, only named (FedConcat's frozen encoders, a round after round)."""
 
-    def __init__(self) -> None:
+    def __init__(self, received: dict[int, int] | None = None) -> None:
         self.data: list[bytes] = []
+        self.received = received or {}  # id of a state blob the parent sent -> its number
 
     def __call__(self, data: bytes) -> int:
+        if id(data) in self.received:
+            return self.received[id(data)]
         self.data.append(data)
         return len(self.data) - 1
 
@@ -307,12 +312,13 @@ def worker_main(fd: str, threads_text: str, app_reference: str) -> None:  # prag
         message = make_message(metadata, content=decode_records(content, blobs.__getitem__))
         context = Context(run_id=run_id, node_id=node_id, node_config=node_config,
                           state=decode_records(state, blobs.__getitem__), run_config=run_config)
+        blobs_now = dict(blobs)  # this message's state blobs among them: kept alive until the reply is sent
         for blob_number in [b for b in blobs if b not in keep]:  # the node's state, an earlier round's arrays
             del blobs[blob_number]
         t0 = time.perf_counter()
         reply, returned = run_client(client_app, message, context, threads)
         seconds = time.perf_counter() - t0
-        frames = _Frames()
+        frames = _Frames({id(data): n for n, data in blobs_now.items() if n < 0})
         body = ("error", reply.error) if reply.has_error() else ("content", encode_records(reply.content, frames))
         new_state = encode_records(context.state, frames) if returned else None
         layout = bulk.put(frames.data)

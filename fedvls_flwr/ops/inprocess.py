@@ -65,8 +65,8 @@ from fedvls_flwr.ops.resources import (
 
 __all__ = ["InProcessGrid", "InProcessRun", "close_kept_pool", "run_in_process"]
 
-#: How long one ``pull_messages`` waits for a reply when none is ready (the server's own loop
-#: sleeps 10 ms between pulls: waiting here instead, it sees the round's last reply at once).
+#: How long one ``pull_messages`` waits for the replies it asks for (the server's own loop sleeps
+#: 10 ms between pulls: waiting here instead, it sees the round's last reply at once).
 PULL_WAIT = 0.1
 
 
@@ -162,7 +162,7 @@ class InProcessGrid(Grid):
         return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        """The replies that are ready; with workers and none ready, up to PULL_WAIT for one."""
+        """The replies that are ready; with workers, once all are or after PULL_WAIT."""
         message_ids = list(message_ids)
         if self.pool is None:
             return [self._replies.pop(i) for i in message_ids if i in self._replies]
