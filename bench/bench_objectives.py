@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from fedvls_flwr.algorithms.objectives import build_objective  # noqa: E402
+from fedvls_flwr.algorithms.objectives.base import objective_for  # noqa: E402
 from fedvls_flwr.algorithms.sgd import LocalSGD  # noqa: E402
 from fedvls_flwr.models import build_model  # noqa: E402
 
@@ -51,7 +51,7 @@ def make_cases(methods: list[str]):
     x = torch.randn(BATCH, 784, generator=gen)
     cases = {}
     for method in methods:
-        objective = build_objective(method, CLIENT_COUNTS)
+        objective = objective_for(method, CLIENT_COUNTS)
         teacher = None
         if objective.needs_teacher:
             teacher = objective.prepare_teacher(torch.randn(BATCH, CLASSES, generator=gen), y)

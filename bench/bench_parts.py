@@ -42,13 +42,11 @@ import torch  # noqa: E402
 from fedvls_flwr.algorithms.aggregation import Reply, weighted_average  # noqa: E402
 from fedvls_flwr.algorithms.downlink import Received  # noqa: E402
 from fedvls_flwr.algorithms.fedgf import FedGFServer  # noqa: E402
-from fedvls_flwr.algorithms.parts import PartContext, build_part  # noqa: E402
-from fedvls_flwr.algorithms.rounds import ClientRound  # noqa: E402
+from fedvls_flwr.algorithms.parts import ClientState, RunContext  # noqa: E402
+from fedvls_flwr.algorithms.rounds import ClientRound, build_protocol  # noqa: E402
 from fedvls_flwr.algorithms.run_model import build_run_model  # noqa: E402
-from fedvls_flwr.algorithms.training import (
-    ClientState,  # noqa: E402
-    train_local,  # noqa: E402
-)
+from fedvls_flwr.algorithms.server_optim import build_server_optimizer  # noqa: E402
+from fedvls_flwr.algorithms.training import train_local  # noqa: E402
 from fedvls_flwr.config.registry import get_part  # noqa: E402
 from fedvls_flwr.config.run_config import RunConfig  # noqa: E402
 from fedvls_flwr.data.node_data import ClientData  # noqa: E402
@@ -85,22 +83,12 @@ def client_data(n: int = 1024):
     return torch.randn(n, 1, 28, 28, generator=g), y
 
 
-class KeptNothing:
-    """A node that keeps nothing across rounds (the encoders come with the message)."""
-
-    def get(self, name):
-        return None
-
-    def put(self, name, arrays):
-        pass
-
-
 def head_round_ms(cfg: RunConfig, x, y) -> tuple[float, float]:
     """A FedConcat stage-2 client round (the authors' 3 mini-batches on the head over K frozen
     encoders), the concatenated model's construction included: (ms per step, ms per round)."""
     torch.manual_seed(0)
     model = build_run_model(cfg, (1, 28, 28), 10)
-    protocol = build_part("protocol", cfg.to_flower(), PartContext(run=cfg))
+    protocol = build_protocol(cfg.to_flower(), RunContext(cfg))
     protocol.bind_model(model)
     arrays = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
     k = cfg.fedconcat_clusters
@@ -110,7 +98,7 @@ def head_round_ms(cfg: RunConfig, x, y) -> tuple[float, float]:
     res = protocol.client_train(ClientRound(
         arrays=sent, config={"fedconcat-stage": 2}, cfg=cfg, data=ClientData(x, y, 10, None, None),
         model_factory=lambda: build_run_model(cfg, (1, 28, 28), 10), device=torch.device("cpu"),
-        generator=torch.Generator().manual_seed(2), state=ClientState(), kept=KeptNothing())).result
+        generator=torch.Generator().manual_seed(2), state=ClientState())).result  # the encoders come with the message
     seconds = time.perf_counter() - start
     assert len({n.split("/", 1)[0] for n in sent if n.startswith("encoder")}) == k
     return seconds / res.steps * 1e3, seconds * 1e3
@@ -147,11 +135,10 @@ def server_step_ms(name: str, rounds: int = 5) -> float:
     companion = None
     if name.endswith("fedgf companion"):
         cfg = RunConfig(local_optimizer="fedgf")
-        companion = FedGFServer(get_part("local-optimizer", "fedgf").params(cfg.to_flower()), PartContext(run=cfg))
+        companion = FedGFServer(get_part("local-optimizer", "fedgf").own_settings(cfg.to_flower()), RunContext(cfg))
         name = "fedavg"
     cfg = RunConfig(server_optimizer=name, fedavgm_momentum=0.9)
-    params = get_part("server-optimizer", name).params(cfg.to_flower())
-    opt = build_part("server-optimizer", {**params, "server-optimizer": name})
+    opt = build_server_optimizer(cfg.to_flower(), RunContext(cfg))
     model = build_run_model(cfg.replace(method="fedavg"), (1, 28, 28), 10)
     w = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
     rng = np.random.default_rng(0)

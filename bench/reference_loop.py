@@ -4,7 +4,7 @@ It does the same work as the app - the project's data loading
 (:func:`fedvls_flwr.data.datasets.load_dataset`), partitioning
 (:func:`fedvls_flwr.data.partition.partition_indices`), models
 (:func:`fedvls_flwr.algorithms.run_model.build_run_model`) and objectives
-(:func:`fedvls_flwr.algorithms.objectives.build_objective`) - but trains and aggregates with its
+(:func:`fedvls_flwr.algorithms.objectives.base.objective_for`) - but trains and aggregates with its
 own, deliberately plain loop: sampled clients one after the other, then the server's update,
 then the global model on the test set. Every other part of a run - the local optimizers
 (SGD, FedSAM, FedGF), the state a client keeps across rounds (carried momentum, MOON's
@@ -99,9 +99,9 @@ from bench.reference_parts import (  # noqa: E402
     server_optimizer,
     weighted_average,
 )
-from fedvls_flwr.algorithms.objectives import build_objective  # noqa: E402
+from fedvls_flwr.algorithms.objectives.base import objective_for  # noqa: E402
 from fedvls_flwr.algorithms.run_model import build_run_model  # noqa: E402
-from fedvls_flwr.config.registry import get_part, method_params  # noqa: E402
+from fedvls_flwr.config.registry import get_part  # noqa: E402
 from fedvls_flwr.config.run_config import SETTINGS, RunConfig, model_name, parse_run_config  # noqa: E402
 from fedvls_flwr.data.datasets import load_dataset  # noqa: E402
 from fedvls_flwr.data.partition import partition_indices  # noqa: E402
@@ -154,7 +154,7 @@ class RefConfig:
     def params(self, kind: str) -> dict[str, Any]:
         """The settings of the run's part of ``kind`` (run-config keys)."""
         values = self.run.to_flower()
-        return get_part(kind, values[kind]).params(values)
+        return get_part(kind, values[kind]).own_settings(values)
 
 
 def batch_seed(seed: int, server_round: int, client: int) -> int:
@@ -221,7 +221,7 @@ def train_client(model: nn.Module, client: Client, num_classes: int, cfg: RefCon
     x, y = client.x, client.y
     memory = client.memory
     counts = torch.bincount(y, minlength=num_classes)
-    objective = build_objective(cfg.method, counts, method_params(cfg.run))
+    objective = objective_for(cfg.method, counts, cfg.params("method"))
     objective.bind_global(model)  # FedProx's anchor: the received weights
 
     teacher = None  # a function of a batch: what prepare_teacher takes

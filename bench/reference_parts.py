@@ -28,7 +28,7 @@ Arrays = dict[str, np.ndarray]
 
 #: The parts the reference loop knows, by kind (the run-config key that selects them).
 COVERED: dict[str, tuple[str, ...]] = {
-    # objectives come from build_objective; the loop provides each one's hooks: a teacher's
+    # objectives come from objective_for; the loop provides each one's hooks: a teacher's
     # logits, MOON's projections and previous model, penultimate features, FedProx's gradient
     "method": ("fedavg", "fedprox", "moon", "fedrs", "fedlmd", "feddecorr", "fedmr", "fedlc", "fedntd",
                "fedvls", "fedvls-paper"),

@@ -24,7 +24,8 @@ from fedvls_flwr.ops.processes import stopped_cleanly_on_termination
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("fedvls_flwr.experiments.run", "run one experiment in this process (no SuperLink, no Ray)"),
     "check": ("fedvls_flwr.experiments.check", "check a run config before submitting it"),
-    "sweep": ("fedvls_flwr.experiments.sweep", "run a YAML preset as flwr runs, then tabulate"),
+    "sweep": ("fedvls_flwr.experiments.sweep", "run a YAML preset's runs (in-process; --engine flwr: flwr runs), "
+                                                "resumable, then tabulate"),
     "report": ("fedvls_flwr.experiments.report", "tables and plots from run folders"),
     "deploy": ("fedvls_flwr.deploy.cli", "certificates, fence and a one-machine deployment"),
     "config": ("fedvls_flwr.config.generate", "print or regenerate what derives from the setting declarations"),
@@ -68,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS:
         print(f"fedvls: unknown command {command!r}\n\n{usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(COMMANDS[command][0])
-    with stopped_cleanly_on_termination(f"fedvls {command}"):
+    with stopped_cleanly_on_termination(f"fedvls {command}"):  # Ctrl-C during the imports too: one line
+        module = importlib.import_module(COMMANDS[command][0])
         return int(module.main(rest) or 0)
 
 

@@ -268,7 +268,7 @@ MUTATIONS: list[Mutation] = [
              "fedvls_flwr/algorithms/fedconcat.py", "        self.encoders.eval()  # frozen", "        pass  # frozen", CONCAT),
     Mutation("fedconcat-sites-unchecked", "new methods",
              "fedvls check lets FedConcat ask K-means for more clusters than the federation has sites",
-             "fedvls_flwr/config/protocol_rules.py", "if not assignment and k > nodes:", "if False:", CONCAT),
+             "fedvls_flwr/algorithms/fedconcat_spec.py", "if not assignment and k > nodes:", "if False:", CONCAT),
     Mutation("fedgf-window-untrimmed", "new methods", "FedGF's adaptive c averages every round, not the last W",
              "fedvls_flwr/algorithms/fedgf.py", "            del self.window[: -self.window_size]\n", "", GF),
     Mutation("fedgf-report-next-c", "new methods", "FedGF's round record names the next round's c, not the one its clients used",
@@ -320,7 +320,7 @@ MUTATIONS: list[Mutation] = [
              "fedvls_flwr/app/client.py", "        save_client_state(client_state, state)\n", "        pass\n", DIFF),
     Mutation("moon-previous-is-global", "client state", "MOON's negative is the received global model, "
              "not the client's model of its previous round",
-             "fedvls_flwr/algorithms/training.py", "            previous.load_state_dict(state.previous_model)\n",
+             "fedvls_flwr/algorithms/training.py", "            previous.load_state_dict(objective.previous_model)\n",
              "            pass\n", DIFF),
     Mutation("teacher-cached-in-train-mode", "objectives", "the teacher's output is computed once per round even in "
              "train mode with BatchNorm (whole-data batch statistics instead of each batch's)",
@@ -331,9 +331,9 @@ MUTATIONS: list[Mutation] = [
              "its clients silently run FedSAM", "fedvls_flwr/app/client.py",
              "    if keys.DOWNLINK_VALUES in content.config_records:", "    if False:", DIFF),
     Mutation("fedexp-evaluates-last", "round rules", "the server evaluates the last global model whatever "
-             "fedexp-eval says (average-last-two ignored)", "fedvls_flwr/app/server.py",
-             "state = self.strategy.server_optimizer.evaluation_arrays(to_numpy_dict(arrays))",
-             "state = to_numpy_dict(arrays)", DIFF),
+             "fedexp-eval says (average-last-two ignored)", "fedvls_flwr/app/strategy.py",
+             "return self.server_optimizer.evaluation_arrays(to_numpy_dict(arrays))",
+             "return to_numpy_dict(arrays)", DIFF),
     # ---- what a reply carries and where it ran
     Mutation("query-shares-undeclared", "site shares", "a site answers a query for its class counts whether or not "
              "a part of the run declares them", "fedvls_flwr/app/client.py",

@@ -21,22 +21,28 @@ from scripts.reliability_setups import (
     bad_label_mnist,
     certificate_folder,
     finished_runs,
+    held_run_folder,
     moved,
+    no_ray,
     node_folders,
     preset,
     run_folder,
     runs_for_report,
+    same_seed_on_both_engines,
+    stale_lock_run_folder,
     tear_line,
     truncate_checkpoint,
     write_file,
 )
 
 CHECK = ("-m", "fedvls_flwr", "check")
+RUN = ("-m", "fedvls_flwr", "run")
 SWEEP = ("-m", "fedvls_flwr.experiments.sweep")
 DEPLOY = ("-m", "fedvls_flwr", "deploy", "local", "--insecure")
 REPORT = ("-m", "fedvls_flwr", "report")
 CERTS = ("-m", "fedvls_flwr", "deploy", "certs", "{tmp}/certs", "--host", "127.0.0.1", "--node", "site-3")
 NO_RAY = (("RAY_ADDRESS", "127.0.0.1:9"),)
+NO_GPU = (("CUDA_VISIBLE_DEVICES", ""),)  # a machine without a GPU, wherever the page is measured
 
 
 @dataclass(frozen=True)
@@ -292,6 +298,42 @@ CASES: tuple[Case, ...] = (
           setup=run_folder("ok", 4, finished=True)),
     check("fedgf-adaptive-no-threshold", "FedGF `fedgf-c-mode='adaptive'` without `fedgf-threshold`",
           "local-optimizer='fedgf' fedgf-c-mode='adaptive'", "--no-data"),
+    # one run folder, one run; what no machine can serve; keys twice; an installed package's view
+    check("run-folder-held", "a run folder another run holds now (its lock)", "output-dir='{tmp}/runs' run-name='going'",
+          "--no-data", setup=held_run_folder("going", 2)),
+    check("resume-still-going", "`resume=true` of a run that is still going",
+          "output-dir='{tmp}/runs' run-name='going' resume=true", "--no-data", setup=held_run_folder("going", 2)),
+    Case("run-folder-stale-lock", "`fedvls run` resuming a folder whose run was killed while it held it (stale lock)",
+         RUN + ("--run-config", "output-dir='{tmp}/runs' run-name='killed' resume=true num-server-rounds=3",
+                "--federation-config", "num-supernodes=3 client-resources-num-cpus=1"),
+         setup=stale_lock_run_folder("killed", 2), pick=r"took over|^done: |^error"),
+    check("gpu-share-no-gpu", "`client-resources-num-gpus=0.25` on a machine without a GPU", None, "--no-data",
+          "--federation-config", "num-supernodes=10 client-resources-num-cpus=1 client-resources-num-gpus=0.25",
+          env=NO_GPU),
+    check("cpus-above-cores", "`client-resources-num-cpus=4096`, more than the machine's cores", None, "--no-data",
+          "--federation-config", "num-supernodes=4 client-resources-num-cpus=4096", fast=False),
+    Case("run-cpus-fraction", "`fedvls run` with `client-resources-num-cpus=0.5`",
+         RUN + ("--federation-config", "num-supernodes=4 client-resources-num-cpus=0.5"), fast=True),
+    Case("run-cpus-above-cores", "`fedvls run` with `client-resources-num-cpus=4096`, more than the machine's cores",
+         RUN + ("--federation-config", "num-supernodes=4 client-resources-num-cpus=4096")),
+    Case("run-gpu-share-no-gpu", "`fedvls run` with `client-resources-num-gpus=0.25` on a machine without a GPU",
+         RUN + ("--federation-config", "num-supernodes=4 client-resources-num-gpus=0.25"), fast=True, env=NO_GPU),
+    check("run-config-twice-across", "a key in two arguments `--run-config lr=0.1 --run-config lr=0.2`", "lr=0.1",
+          "--run-config", "lr=0.2", "--no-data"),
+    check("federation-value-not-number", "`--federation-config num-supernodes=abc`", None, "--no-data",
+          "--federation-config", "num-supernodes=abc"),
+    sweep("sweep-progress-negative", "sweep `--progress-every -1`", "conf/mnist10k-dir0.05.yaml", "--progress-every",
+          "-1", "--dry-run"),
+    sweep("sweep-seeds-empty", "sweep `--seeds ''`", "conf/mnist10k-dir0.05.yaml", "--seeds", "", "--dry-run"),
+    sweep("sweep-seeds-repeated", "sweep `--seeds 0,0`", "conf/mnist10k-dir0.05.yaml", "--seeds", "0,0", "--dry-run"),
+    sweep("preset-base-run-name", "preset: `base` sets `run-name` (every run one folder)", "{tmp}/presets/named.yaml",
+          "--dry-run", setup=preset("name: p\nbase: {dataset: digits, run-name: same}\n"
+                                    "grid: {method: [fedavg, fedvls]}\n", "named")),
+    Case("sweep-flwr-no-ray", "sweep `--engine flwr` where Ray cannot be imported", SWEEP + (
+        "conf/mnist10k-dir0.05.yaml", "-o", "{tmp}/out", "--engine", "flwr"), fast=True, setup=no_ray,
+        env=(("PYTHONPATH", "{tmp}/shadow"),)),
+    Case("report-seed-both-engines", "report of one seed run by both engines (and an older version)",
+         REPORT + ("{tmp}/runs",), fast=True, setup=same_seed_on_both_engines, pick=r"^(error|warning|left out)"),
     # a good config
     check("good", "a good config (digits, with data and split)", "method='fedavg'", "--num-supernodes", "10",
           fast=False),
@@ -371,6 +413,29 @@ FAULTS: tuple[Fault, ...] = (
           "tests/test_resume.py::test_torn_line_the_checkpoint_covers_is_named tests/test_resume.py::"
           "test_truncated_checkpoint_is_named tests/test_resume.py::test_inconsistent_state_and_checkpoint_are_refused",
           "refused, naming the file and what to do"),
+    Fault("two-runs-one-folder", "two `fedvls run` started together on one `output-dir`/`run-name`, other settings",
+          "tests/test_e2e_run_refusals.py::test_two_fedvls_runs_started_together_on_one_folder_one_runs_the_other_is_refused",
+          "one completes; the other exits 2 before any round: `run folder ... is in use by another run (pid ... on host "
+          "..., started ..., command: ...)`; summary.json is the first run's"),
+    Fault("flwr-run-held-folder", "`flwr run` on a run folder another process holds",
+          "tests/test_e2e_run_refusals.py::test_flwr_run_on_a_folder_another_run_holds_is_refused_naming_it",
+          "the run fails before it writes anything, naming the holder's pid; once the holder is killed its lock is "
+          "stale and taken over"),
+    Fault("gpu-share-simulation", "`flwr run` with `client-resources-num-gpus=0.25` on a machine without a GPU",
+          "tests/test_e2e_run_refusals.py::test_a_gpu_share_where_there_is_no_gpu_fails_the_simulation_before_round_1",
+          "the ServerApp fails the run before round 1: `client-resources-num-gpus = 0.25 gives every simulated client "
+          "a share of a GPU, but this machine has no GPU ...` (not Flower's `ActorPool is empty` traceback)"),
+    Fault("ctrl-c-run", "Ctrl-C (SIGINT to the process group) in `fedvls run` after a saved round",
+          "tests/test_e2e_sweep.py::test_ctrl_c_stops_fedvls_run_with_one_line_and_its_command_continues_the_run",
+          "exit 130, no traceback, one line: `stopped by Ctrl-C (SIGINT); rounds 1-N are saved in ...; to "
+          "continue after round N: <the fedvls run command>`; that command, pasted, completes the run, every round once"),
+    Fault("ctrl-c-sweep", "Ctrl-C (SIGINT to the process group) in `fedvls sweep` mid-run",
+          "tests/test_e2e_sweep.py::test_ctrl_c_stops_a_sweep_with_one_line_saying_what_is_kept",
+          "exit 130, no traceback, one line: `stopped by Ctrl-C (SIGINT); 0 of 2 runs are finished in "
+          "...; to continue ...: <the same fedvls sweep command>`; its worker is gone"),
+    Fault("installed-wheel", "`fedvls check`, `run` and `sweep` from the installed wheel, outside the source tree",
+          "tests/test_e2e_entry_points.py::test_the_installed_wheel_checks_runs_and_sweeps_from_another_folder",
+          "each works (exit 0) with the declared defaults; the package imported is the installed one"),
     Fault("repaired", "garbage `state.json`; state one round behind the checkpoint; garbage `config.json` with a "
           "`summary.json`",
           "tests/test_resume.py::test_garbage_state_is_repaired_from_checkpoint_and_rounds tests/test_resume.py::"

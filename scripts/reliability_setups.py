@@ -176,3 +176,71 @@ def finished_runs(damage: str | None = None) -> Callable[[Path], None]:
         elif damage == "last-line":
             lost.write_text("".join(lost.read_text().splitlines(keepends=True)[:-1]))
     return setup
+
+
+#: Run-folder locks that a case's setup holds while its command runs (this process ends them).
+_HELD: list = []
+#: The command a held folder's lock names (a fixed one: the page reads the same on every machine).
+HOLDER_COMMAND = "python -m fedvls_flwr run --run-config \"output-dir='<tmp>/runs' run-name='going'\""
+
+
+def held_run_folder(name: str, rounds: int) -> Callable[[Path], None]:
+    """A run folder stopped after ``rounds`` rounds (:func:`run_folder`) that a run holds now: its
+    lock taken by this process, naming :data:`HOLDER_COMMAND`."""
+    import json
+    import socket
+    import time
+
+    def setup(tmp: Path) -> None:
+        from fedvls_flwr.app.results import LOCK_FILE, RunFolderLock
+
+        run_folder(name, rounds)(tmp)
+        run_dir = tmp / "runs" / name
+        _HELD.append(RunFolderLock(run_dir).acquire())
+        started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+        (run_dir / LOCK_FILE).write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                                     "started": started, "command": HOLDER_COMMAND}) + "\n")
+    return setup
+
+
+def stale_lock_run_folder(name: str, rounds: int) -> Callable[[Path], None]:
+    """A run folder stopped after ``rounds`` rounds whose run was killed while it held the folder:
+    its ``run.lock`` names a process that has ended."""
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    def setup(tmp: Path) -> None:
+        from fedvls_flwr.app.results import LOCK_FILE
+
+        run_folder(name, rounds)(tmp)
+        ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                               text=True, check=True)
+        (tmp / "runs" / name / LOCK_FILE).write_text(json.dumps({
+            "pid": int(ended.stdout), "host": socket.gethostname(), "started": "2026-11-27 10:00:00 UTC",
+            "command": HOLDER_COMMAND}) + "\n")
+    return setup
+
+
+def no_ray(tmp: Path) -> None:
+    """A ``ray`` package that cannot be imported, for ``PYTHONPATH={tmp}/shadow`` (Ray missing or broken)."""
+    write_file("shadow/ray/__init__.py", "raise ModuleNotFoundError(\"No module named 'ray'\", name='ray')\n")(tmp)
+
+
+def same_seed_on_both_engines(tmp: Path) -> None:
+    """``{tmp}/runs``: FedAvg seed 0 finished by the in-process engine, by Flower's simulation and by
+    a version that did not record its engine (the same accuracy: the same experiment), and seed 1."""
+    finished_runs()(tmp)
+    import json
+    import shutil
+
+    source = tmp / "runs" / "fedavg"
+    for name, engine in (("fedavg-inprocess", "inprocess"), ("fedavg-simulation", "simulation"), ("fedavg-old", None)):
+        shutil.copytree(source, tmp / "runs" / name)
+        summary = json.loads((tmp / "runs" / name / "summary.json").read_text())
+        if engine is not None:
+            summary["engine"] = engine
+        (tmp / "runs" / name / "summary.json").write_text(json.dumps(summary))
+    shutil.rmtree(source)
+    shutil.rmtree(tmp / "runs" / "fedvls")

@@ -18,6 +18,7 @@ import argparse
 import os
 import re
 import shlex
+import socket
 import subprocess
 import sys
 import tempfile
@@ -56,6 +57,9 @@ def normalise(text: str, tmp: Path) -> str:
     text = re.sub(r"\x1b\[[0-9;]*m", "", text)  # Flower's log colours
     text = re.sub(r"\b(node|run) \d{6,}", r"\1 <id>", text)  # Flower's random ids
     text = text.replace(str(tmp), "<tmp>").replace(str(ROOT), "<repo>")
+    # who holds a run folder: this machine's process ids, host name and clock
+    text = re.sub(r"\b(pid|kill) \d+", r"\1 <pid>", text).replace(f"host {socket.gethostname()}", "host <host>")
+    text = re.sub(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", "<time>", text)
     home = os.path.expanduser("~")
     return text.replace(home + "/", "~/") if home not in ("/", "") else text
 
@@ -74,7 +78,8 @@ def run_case(case: Case, tmp: Path) -> Result:
     if case.setup is not None:
         case.setup(tmp)
     args = [a.replace("{tmp}", str(tmp)).replace("{data}", str(DATA)) for a in case.args]
-    env = {**os.environ, "FEDVLS_CACHE_DIR": str(tmp / ".cache"), "PYTHONWARNINGS": "ignore", **dict(case.env)}
+    env = {**os.environ, "FEDVLS_CACHE_DIR": str(tmp / ".cache"), "PYTHONWARNINGS": "ignore",
+           **{k: v.replace("{tmp}", str(tmp)) for k, v in case.env}}
     t0 = time.perf_counter()
     try:
         out = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True,
@@ -88,7 +93,7 @@ def run_case(case: Case, tmp: Path) -> Result:
 
 
 def command_of(case: Case) -> str:
-    prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in case.env)
+    prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in case.env).replace("{tmp}", "<tmp>")
     return prefix + "python " + shlex.join(case.args).replace("{tmp}", "<tmp>").replace("{data}", "<data>")
 
 

@@ -10,7 +10,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
 from fedvls_flwr.data import autoaugment as A
-from fedvls_flwr.data.augment import BatchTransform, make_batch_transform, random_crop_flip
+from fedvls_flwr.data.augment import BatchTransform, make_batch_transform, random_crop_flip, random_crop_flip_fixed
 from fedvls_flwr.data.autoaugment import CIFAR10_POLICY, BatchAutoAugment
 
 MEAN = (0.4914, 0.4822, 0.4465)
@@ -267,6 +267,83 @@ def test_unapplied_images_are_untouched_and_mixed_batches_work():
                 m = A._magnitude(op, bin_, 32, 32) * (-1 if negative[k, slot] else 1)
                 img = _tv_op(op, m, img)
         assert torch.equal(out[k], img), k
+
+
+# ----------------------------------------------------------------------------- fixed shapes (the GPU path)
+
+
+def test_fixed_shapes_compute_what_the_grouped_path_computes():
+    """On the same decisions, apply_fixed (every family on the whole batch, torch.where per
+    image) gives apply's images bit for bit: random batches, a flat channel (AutoContrast's
+    special case), grey images (Color is the identity) and every policy entry forced on."""
+    aa = BatchAutoAugment()
+    x = _batch(48)
+    x[3, 1] = 77  # one flat channel
+    for seed in range(8):
+        decisions = aa.sample(48, torch.Generator().manual_seed(seed))
+        assert torch.equal(aa.apply_fixed(x, *decisions), aa.apply(x, *decisions)), seed
+        grey = x[:, :1].contiguous()
+        assert torch.equal(aa.apply_fixed(grey, *decisions), aa.apply(grey, *decisions)), seed
+    n = 6
+    for i in range(2 * len(CIFAR10_POLICY)):
+        for neg in (False, True):
+            sub = torch.full((n,), i // 2)
+            applied = torch.zeros(n, 2, dtype=torch.bool)
+            applied[:, i % 2] = True
+            negative = torch.zeros(n, 2, dtype=torch.bool)
+            negative[:, i % 2] = neg
+            assert torch.equal(aa.apply_fixed(x[:n], sub, applied, negative), aa.apply(x[:n], sub, applied, negative))
+
+
+def test_fixed_shape_draws_follow_the_policy():
+    """sample_fixed (drawn where its generator lives) has sample's distribution."""
+    aa = BatchAutoAugment()
+    n = 40_000
+    sub, applied, negative = aa.sample_fixed(n, torch.Generator().manual_seed(0))
+    assert sub.shape == (n,) and applied.shape == negative.shape == (n, 2)
+    freq = torch.bincount(sub, minlength=25).double() / n
+    assert (freq - 1 / 25).abs().max() < 0.01
+    for k, policy in enumerate(CIFAR10_POLICY):
+        rows = sub == k
+        for slot, (op, prob, _) in enumerate(policy):
+            assert abs(applied[rows, slot].double().mean().item() - prob) < 0.05, (k, slot)
+            neg = negative[rows, slot].double().mean().item()
+            assert abs(neg - 0.5) < 0.05 if op in A._SIGNED else neg == 0.0
+
+
+def test_fixed_shape_crop_and_flip_are_valid_per_sample_crops():
+    img = _batch(1, seed=5)[0]
+    x = img.expand(64, -1, -1, -1).contiguous()
+    out = random_crop_flip_fixed(x, 4, True, torch.Generator().manual_seed(0))
+    padded = torch.nn.functional.pad(img, (4, 4, 4, 4))
+    found = [_find_crop(o, padded, 32) for o in out]
+    assert all(f is not None for f in found)
+    assert len({f[:2] for f in found}) > 20
+    assert 0 < sum(f[2] for f in found) < len(found)
+    again = random_crop_flip_fixed(x, 4, True, torch.Generator().manual_seed(0))
+    assert torch.equal(out, again)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_generator_draws_on_the_gpu_and_repeats_with_its_seed():
+    x = _batch(64).cuda()
+
+    def run(seed):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        t = make_batch_transform(MEAN, STD, train=True, augment=True, generator=g)
+        assert t.on_device
+        return t(x), t(x)
+
+    (a1, a2), (b1, b2), (c1, _) = run(3), run(3), run(4)
+    assert torch.equal(a1, b1) and torch.equal(a2, b2) and not torch.equal(a1, a2) and not torch.equal(a1, c1)
+    # on the same decisions the GPU's fixed-shape kernels agree with the CPU's grouped ones
+    # (float rounding of the blends may move a few pixels by one level, as the grouped GPU path)
+    aa = BatchAutoAugment()
+    decisions = aa.sample(64, torch.Generator().manual_seed(1))
+    gpu = aa.apply_fixed(x, *(d.cuda() for d in decisions)).cpu()
+    cpu = aa.apply(x.cpu(), *decisions)
+    diff = (gpu.int() - cpu.int()).abs()
+    assert diff.max() <= 1 and (diff > 0).float().mean() < 0.01
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -9,11 +9,11 @@ import torch
 from torch import nn
 
 from fedvls_flwr.algorithms.local_optim import SAMStep
-from fedvls_flwr.algorithms.objectives import build_objective
-from fedvls_flwr.algorithms.parts import PartContext
+from fedvls_flwr.algorithms.objectives.base import objective_for
+from fedvls_flwr.algorithms.parts import ClientState, LocalOptimizerContext
 from fedvls_flwr.algorithms.run_model import build_run_model
 from fedvls_flwr.algorithms.sgd import LocalSGD
-from fedvls_flwr.algorithms.training import ClientState, train_local
+from fedvls_flwr.algorithms.training import train_local
 from fedvls_flwr.config.run_config import RunConfig
 from fedvls_flwr.data.node_data import ClientData
 from fedvls_flwr.models import FeatureTap, ProjectionModel, build_model, classifier_of
@@ -32,7 +32,7 @@ def _linear(seed=0, d=6, c=4):
 
 def test_fedprox_adds_the_gradient_and_value_of_the_proximal_term():
     model = _linear()
-    obj = build_objective("fedprox", torch.tensor([3, 1, 0, 2]), {"fedprox-mu": 0.3})
+    obj = objective_for("fedprox", torch.tensor([3, 1, 0, 2]), {"fedprox-mu": 0.3})
     obj.bind_global(model)
     anchor = [p.detach().clone() for p in model.parameters()]
     with torch.no_grad():
@@ -67,7 +67,7 @@ def ref_moon(logits, y, z, zg, zp, mu, tau):
 
 def test_moon_contrastive_loss_value_and_gradient_match_the_formula():
     B, D, C = 6, 5, 4
-    obj = build_objective("moon", torch.tensor([2, 2, 0, 1]), {"moon-mu": 0.7, "moon-tau": 0.5, "moon-projection-dim": D})
+    obj = objective_for("moon", torch.tensor([2, 2, 0, 1]), {"moon-mu": 0.7, "moon-tau": 0.5, "moon-projection-dim": D})
     g = _gen(3)
     logits = torch.randn(B, C, generator=g, dtype=torch.float64, requires_grad=True)
     z = torch.randn(B, D, generator=g, dtype=torch.float64, requires_grad=True)
@@ -100,7 +100,7 @@ def ref_decorr(h, beta):
 
 
 def test_feddecorr_value_and_gradient_match_the_formula():
-    obj = build_objective("feddecorr", torch.tensor([2, 3, 1]), {"feddecorr-beta": 0.4})
+    obj = objective_for("feddecorr", torch.tensor([2, 3, 1]), {"feddecorr-beta": 0.4})
     g = _gen(4)
     h = torch.randn(7, 5, generator=g, dtype=torch.float64, requires_grad=True)
     logits = torch.randn(7, 3, generator=g, dtype=torch.float64)
@@ -119,7 +119,7 @@ def test_sam_step_matches_the_two_pass_reference(momentum, weight_decay):
     x, y = torch.randn(9, 6, generator=_gen(5), dtype=torch.float64), torch.randint(0, 4, (9,), generator=_gen(6))
     rho, lr = 0.2, 0.1
     sgd = LocalSGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
-    sam = SAMStep({"sam-rho": rho}, PartContext(sgd=sgd))
+    sam = SAMStep({"sam-rho": rho}, LocalOptimizerContext(sgd))
 
     def closure():
         sgd.zero_grad()
@@ -170,7 +170,7 @@ def test_carried_momentum_equals_one_continuous_optimizer():
         for _ in range(2):
             train_local(model, ClientData(x, y, 3, None, None), cfg, device=torch.device("cpu"), generator=gen, state=state)
         results[mode] = [p.detach().clone() for p in model.parameters()]
-        assert (state.momentum is not None) == (mode == "carry")
+        assert bool(state.of("local-optimizer")) == (mode == "carry")
     torch.manual_seed(0)
     continuous = build_model("mlp", (1, 4, 4), 3)
     train_local(continuous, ClientData(x, y, 3, None, None), RunConfig(**{**base, "local_epochs": 2}), device=torch.device("cpu"),
@@ -188,9 +188,10 @@ def test_moon_keeps_its_previous_model_and_uses_it_from_the_second_round():
     assert isinstance(model, ProjectionModel) and model.classifier.in_features == 8
     state = ClientState()
     first = train_local(model, ClientData(x, y, 3, None, None), cfg, device=torch.device("cpu"), generator=_gen(1), state=state)
-    assert first.terms["con"] == 0.0 and state.previous_model is not None  # no previous model yet
+    kept = state.of("method")
+    assert first.terms["con"] == 0.0 and kept  # no previous model yet; the trained one kept for the next round
     trained = {k: v.clone() for k, v in model.state_dict().items()}
-    assert all(torch.equal(trained[k], state.previous_model[k]) for k in trained)
+    assert kept.keys() == trained.keys() and all(torch.equal(trained[k], kept[k]) for k in trained)
     second = train_local(model, ClientData(x, y, 3, None, None), cfg, device=torch.device("cpu"), generator=_gen(2), state=state)
     assert second.terms["con"] > 0.0
 
@@ -216,9 +217,14 @@ def test_client_state_round_trips_through_a_flower_record():
     from fedvls_flwr.app.client import load_client_state, save_client_state
 
     record = RecordDict()
-    assert load_client_state(record).previous_model is None
-    state = ClientState(previous_model={"w": torch.arange(3.0)}, momentum=[torch.ones(2), None, torch.zeros(1)])
+    assert load_client_state(record).kept == {}
+    state = ClientState({"method": {"w": torch.arange(3.0)}, "local-optimizer": {"count": torch.tensor(3),
+                                                                                   "0": torch.ones(2), "2": torch.zeros(1)}})
     save_client_state(record, state)
     back = load_client_state(record)
-    assert torch.equal(back.previous_model["w"], torch.arange(3.0))
-    assert back.momentum[1] is None and torch.equal(back.momentum[0], torch.ones(2)) and len(back.momentum) == 3
+    assert back.kept.keys() == state.kept.keys()
+    for kind, kept in state.kept.items():
+        assert back.of(kind).keys() == kept.keys() and all(torch.equal(back.of(kind)[k], v) for k, v in kept.items())
+    state.keep("method", {})  # a part that keeps nothing now: its record goes
+    save_client_state(record, state)
+    assert list(load_client_state(record).kept) == ["local-optimizer"]

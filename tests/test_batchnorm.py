@@ -180,15 +180,17 @@ def test_a_batchnorm_models_buffers_keep_their_shapes_through_a_round(server_opt
     import numpy as np
 
     from fedvls_flwr.algorithms.aggregation import Reply, weighted_average
-    from fedvls_flwr.algorithms.parts import build_part
+    from fedvls_flwr.algorithms.parts import RunContext
+    from fedvls_flwr.algorithms.server_optim import build_server_optimizer
     from fedvls_flwr.app.messages import to_array_record, to_numpy_dict
+    from fedvls_flwr.config.run_config import RunConfig
 
     model = build_model("resnet32", (3, 32, 32), 10)
     assert has_batchnorm(model)
     state = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
     tracked = [k for k in state if k.endswith("num_batches_tracked")]
     assert tracked and all(state[k].shape == () and state[k].dtype == np.int64 for k in tracked)
-    optimizer = build_part("server-optimizer", {"server-optimizer": server_optimizer})
+    optimizer = build_server_optimizer({"server-optimizer": server_optimizer}, RunContext(RunConfig()))
     reference = state
     for server_round in (1, 2, 3):
         replies = [Reply(str(i), {k: (v + i + 1 if v.dtype.kind == "f" else v + 5 * server_round).astype(v.dtype)

@@ -279,7 +279,7 @@ def test_every_key_flowers_simulation_takes_is_accepted(capsys):
     assert sorted(k.replace("-", "_") for k in SIMULATION_KEYS) == sorted(
         f.name for f in SimulationConfig.DESCRIPTOR.fields)
     everything = ("num-supernodes=4 client-resources-num-cpus=1 client-resources-num-gpus=0.25 backend='ray' "
-                  "verbose=false init-args-num-cpus=2 init-args-num-gpus=0 init-args-logging-level='warning' "
+                  "verbose=false init-args-num-cpus=2 init-args-num-gpus=1 init-args-logging-level='warning' "
                   "init-args-log-to-driver=true")
     assert main(["--no-data", "--federation-config", everything]) == 0
     assert capsys.readouterr().out.startswith("ok:")

@@ -6,6 +6,7 @@ and test_e2e_client_workers.py."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import signal
@@ -17,6 +18,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.common.constant import ErrorCode
 from flwr.supercore.run import Run
 
+from fedvls_flwr.config.client_resources import NodeRoom, clients_at_once, room_problem, this_machine
 from fedvls_flwr.ops.client_pool import ClientPool, ClientWorkersFailed
 from fedvls_flwr.ops.client_worker import decode_records, encode_records, run_client
 from fedvls_flwr.ops.inprocess import InProcessGrid
@@ -101,14 +103,66 @@ def test_a_config_the_machine_cannot_serve_is_refused_with_the_fix():
     assert resource_problem(1, 0, Machine(2)) is None
     assert resource_problem(1, 0.25, Machine(2, gpus(1))) is None
     no_gpu = resource_problem(1, 0.25, Machine(2))
-    assert no_gpu is not None and "has no GPU" in no_gpu and "client-resources-num-gpus=0" in no_gpu
+    assert no_gpu is not None and "this machine has no GPU" in no_gpu
+    assert "Leave client-resources-num-gpus out (or 0) to train on the CPU" in no_gpu
     too_many = resource_problem(4, 0, Machine(2))
-    assert too_many is not None and "2 core(s)" in too_many and "client-resources-num-cpus=2 or less" in too_many
+    assert too_many is not None and "more CPUs per client than this machine has (2)" in too_many
+    assert "Give at most client-resources-num-cpus=2" in too_many
     odd = resource_problem(1, 1.5, Machine(8, gpus(4)))
     assert odd is not None and "whole GPUs" in odd
     two = resource_problem(1, 2, Machine(8, gpus(1)))
-    assert two is not None and "no client fits" in two
+    assert two is not None and "more GPUs per client than this machine has on one node (1)" in two
     assert resource_problem(0, 0, Machine(2)) is not None
+
+
+ASKS = list(itertools.product((1, 2, 3, 64), (0.0, 0.1, 0.25, 0.4, 0.5, 1.0, 2.0)))
+
+
+@pytest.mark.parametrize("cores, gpu_count", [(2, 0), (16, 1), (16, 2), (64, 3), (4, 4)])
+def test_the_worker_plan_and_fedvls_checks_rule_are_one_count(cores, gpu_count):
+    """One rule: the workers are config/client_resources.py's clients_at_once (what ``fedvls
+    check`` and flwr run's ServerApp refuse a federation by when it is 0), less only the GPU
+    places a fraction cannot span (0.4 on two GPUs: Flower counts 5, two fit on each GPU); the
+    engine refuses exactly where the check does."""
+    machine = Machine(cores, gpus(gpu_count))
+    for num_cpus, num_gpus in ASKS:
+        federation = {"client-resources-num-cpus": num_cpus, "client-resources-num-gpus": num_gpus}
+        count = clients_at_once(federation, [NodeRoom(cores, gpu_count)])
+        checked = room_problem(federation, [this_machine(federation, cpus=cores, gpus=gpu_count)])
+        refused = resource_problem(num_cpus, num_gpus, machine)
+        assert (checked is None) == (refused is None) == (count > 0), (num_cpus, num_gpus)
+        if count == 0:
+            continue
+        workers = plan_workers(machine, num_cpus, num_gpus, 1000).workers
+        if num_gpus == 0 or num_gpus >= 1 or (1 / num_gpus).is_integer():
+            assert workers == count, (num_cpus, num_gpus)
+        else:
+            assert workers == min(count, gpu_count * math.floor(1 / num_gpus)), (num_cpus, num_gpus)
+
+
+@pytest.mark.parametrize("cores, num_cpus", [(2, 1), (2, 2), (2, 3), (6, 4), (8, 3)])
+def test_fedvls_check_and_fedvls_run_refuse_and_size_alike_from_the_command_line(cores, num_cpus, monkeypatch,
+                                                                                   capsys):
+    """The same federation through the commands: ``fedvls check`` refuses it exactly when the
+    in-process engine's start-up does, and otherwise the engine plans Flower's count of workers."""
+    from fedvls_flwr.experiments.check import main as check_main
+    from fedvls_flwr.experiments.run import engine_federation, machine_for
+    from fedvls_flwr.ops.inprocess import client_plan
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    federation = {"num-supernodes": 100, "init-args-num-cpus": cores, "client-resources-num-cpus": num_cpus}
+    text = " ".join(f"{k}={v}" for k, v in federation.items())
+    checked = check_main(["--no-data", "--federation-config", text])
+    capsys.readouterr()
+    try:
+        engine = engine_federation(dict(federation), [])
+    except ValueError:
+        engine = None
+    assert (checked == 0) == (engine is not None)
+    if engine is not None:
+        plan = client_plan({}, 100, num_cpus, 0.0, machine_for(engine))
+        assert plan.workers == clients_at_once(federation, [NodeRoom(cores, 0)]) == cores // num_cpus
 
 
 def test_parallel_runs_share_cores_and_gpus():
@@ -391,5 +445,5 @@ def test_a_sweep_caps_parallel_at_the_machines_room_and_says_each_runs_share():
     gpu = [{"client-resources-num-cpus": 1, "client-resources-num-gpus": 0.25}]
     parallel, shares = machine_shares(gpu, 2, said.append, Machine(16, gpus(1)))
     assert parallel == 2 and "each with 8 cores, 0.5 of cuda:0" in said[-1] and "2 workers: 2 on cuda:0" in said[-1]
-    with pytest.raises(PresetError, match="client-resources-num-gpus=0 to train on the CPU"):
+    with pytest.raises(PresetError, match="this machine has no GPU.*client-resources-num-gpus out \\(or 0\\) to train on"):
         machine_shares(gpu, 1, said.append, Machine(2))

@@ -27,9 +27,35 @@ def test_same_result_as_flower_where_flower_reads_everything(text):
     assert parse_run_config_args([text]) == parse_config_args([text])
 
 
-def test_several_arguments_later_ones_win_as_in_flower():
+def test_several_arguments_combine_as_in_flower():
+    args = ["lr=0.1 seed=1", "momentum=0.5"]
+    assert parse_run_config_args(args) == parse_config_args(args) == {"lr": 0.1, "seed": 1, "momentum": 0.5}
+
+
+def test_a_key_in_two_arguments_is_refused_as_one_given_twice_in_one():
+    """Flower keeps the last silently; within one argument the key twice is refused - either way
+    which value was meant cannot be told."""
     args = ["lr=0.1 seed=1", "lr=0.2"]
-    assert parse_run_config_args(args) == parse_config_args(args) == {"lr": 0.2, "seed": 1}
+    assert parse_config_args(args) == {"lr": 0.2, "seed": 1}
+    with pytest.raises(ConfigError, match=r"--run-config: 'lr' is given twice \('lr=0.1', then 'lr=0.2' in 'lr=0.2'\)"):
+        parse_run_config_args(args)
+    with pytest.raises(ConfigError, match="'lr' is given twice in 'lr=0.1 lr=0.2'"):
+        parse_run_config_args(["lr=0.1 lr=0.2"])
+
+
+@pytest.mark.parametrize("option, text, message", [
+    ("--federation-config", "num-supernodes=abc",
+     "--federation-config: num-supernodes=abc: 'num-supernodes' takes an integer >= 1 (the number of simulated "
+     "SuperNodes), e.g. num-supernodes=10"),
+    ("--run-config", "lr=abc", "--run-config: lr=abc: 'lr' takes a number, e.g. lr=0.01"),
+    ("--run-config", "use-dis=maybe", "--run-config: use-dis=maybe: 'use-dis' takes true or false, e.g. use-dis=true"),
+    ("--run-config", "data-dir=/data", "a string needs quotes: data-dir='/data'"),
+])
+def test_a_value_that_is_not_toml_is_told_what_its_key_takes(option, text, message):
+    """A number is not fixed by quoting it: the message says what the key takes."""
+    with pytest.raises(ConfigError) as refused:
+        parse_run_config_args([text], option)
+    assert message in str(refused.value)
 
 
 def test_toml_file_as_in_flower(tmp_path):

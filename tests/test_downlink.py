@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from fedvls_flwr.algorithms.aggregation import ArrayDict, Reply
-from fedvls_flwr.algorithms.downlink import Downlink, ServerCompanion, merge_downlinks
-from fedvls_flwr.algorithms.parts import PartContext
+from fedvls_flwr.algorithms.downlink import Downlink, merge_downlinks
+from fedvls_flwr.algorithms.parts import RunContext, ServerCompanion
 from fedvls_flwr.app.keys import DOWNLINK, DOWNLINK_VALUES
 from fedvls_flwr.app.messages import to_numpy_dict
 from fedvls_flwr.app.strategy import RunStrategy
@@ -20,8 +20,8 @@ pytestmark = pytest.mark.usefixtures("run_identity")  # Flower's messages need a
 class Counter(ServerCompanion):
     """Sends the last global model plus one, and how many rounds it has seen."""
 
-    def __init__(self, params):
-        super().__init__(params, PartContext())
+    def __init__(self, settings):
+        super().__init__(settings, RunContext(RunConfig()))
         self.seen: list[tuple[int, ArrayDict, ArrayDict, list[Reply]]] = []
         self.last: ArrayDict | None = None
 

@@ -45,6 +45,7 @@ def test_insecure_deployment_two_supernodes(tmp_path, node_env):
     # distribution, and the run folder holds none (share-class-counts is off by default)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["reply_metrics"] and not {"class-counts", "num-vacant"} & set(summary["reply_metrics"])
+    assert summary["engine"] == "deployment"
     assert not (run_dir / "clients.json").exists()
     assert all("num-vacant" not in r["train"] and "local_update" not in r for r in rounds[1:])
     for path in run_dir.rglob("*"):

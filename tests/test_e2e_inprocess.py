@@ -36,7 +36,7 @@ pytestmark = pytest.mark.e2e
 
 NODES = 4
 #: What differs between two engines by design: time, and where the replies ran.
-NOT_COMPUTED = {"seconds", "nodes", "wall_seconds", "run_dir"}
+NOT_COMPUTED = {"seconds", "nodes", "wall_seconds", "run_dir", "engine"}
 CONFIGS = {
     "fedvls-fedadam": {"method": "fedvls", "server-optimizer": "fedadam", "num-server-rounds": 3},
     "fedgf": {"method": "fedavg", "local-optimizer": "fedgf", "num-server-rounds": 3},
@@ -76,7 +76,7 @@ def assert_same_run(a: Path, b: Path) -> None:
 
 
 def summary_computed(summary: dict) -> dict:
-    """A summary less time, machine names (replies per node) and the folder it was written to."""
+    """A summary less time, machine names (replies per node), the folder it was written to and the engine."""
     out = {k: v for k, v in summary.items() if k not in NOT_COMPUTED | {"replies_per_node"}}
     out["config"] = {k: v for k, v in out["config"].items() if k != "output-dir"}
     if "stages" in out:
@@ -102,6 +102,8 @@ def test_the_in_process_engine_computes_what_the_ray_simulation_computes(name, l
     assert all(n.startswith("ray:") for r in ray_rounds[1:] for n in r["nodes"])  # it did run in Ray actors
     assert_same_run(ray_dir / name, here_dir / name)
     assert_same_run(ray_dir / name, workers_dir / name)
+    engines = [json.loads((d / name / "summary.json").read_text())["engine"] for d in (ray_dir, here_dir, workers_dir)]
+    assert engines == ["simulation", "inprocess", "inprocess"]  # what a report tells them apart by
 
 
 def test_a_client_that_raises_is_a_failed_reply_on_both_engines(link, tmp_path, monkeypatch):

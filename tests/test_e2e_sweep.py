@@ -217,3 +217,87 @@ def test_sweep_stopped_by_sigterm_stops_everything_it_started(tmp_path, engine):
         assert "in-process engine: 1 run(s) at once" in said and len(seen) >= 1, (said, seen)
     assert_none_left(seen, out / ".flwr-home", timeout=20.0)
     assert not (out / SECOND).exists()
+
+
+def test_ctrl_c_stops_a_sweep_with_one_line_saying_what_is_kept(tmp_path):
+    """Ctrl-C as a terminal sends it (SIGINT to the whole foreground process group: the sweep and
+    its worker) in the middle of the first run: no traceback, exit 130, one line that says what is
+    kept and the command that continues; the worker is gone, and the run it stopped resumes from
+    the rounds it saved when the sweep is run again."""
+    import os
+    import shlex
+    import signal
+
+    out = (tmp_path / "out").resolve()
+    saved = out / FIRST / "state.json"
+    preset = write_preset(tmp_path, rounds=ROUNDS_TO_INTERRUPT)
+    proc = subprocess.Popen([sys.executable, "-m", "fedvls_flwr", "sweep", str(preset), "-o", str(out)],
+                            cwd=PROJECT_DIR, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    seen: set[int] = set()
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT
+        while not saved.exists():
+            seen.update(descendants(proc.pid))
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"the first run never saved a round:\n{proc.communicate()[1][-3000:]}")
+            time.sleep(0.05)
+        seen.update(descendants(proc.pid))
+        os.killpg(proc.pid, signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            stop_process(proc)
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr + stdout, stderr[-3000:]
+    line = stderr.strip().splitlines()[-1]
+    assert line.startswith(f"fedvls sweep: stopped by Ctrl-C (SIGINT); 0 of 2 runs are finished in {out}, and a "
+                           "run stopped midway keeps its saved rounds; to continue (finished runs are skipped, the "
+                           "others resume): fedvls sweep "), line
+    assert shlex.split(line.split("resume): ", 1)[1]) == ["fedvls", "sweep", str(preset), "-o", str(out)]
+    assert len(seen) >= 1
+    assert_none_left(seen, out / ".flwr-home", timeout=20.0)
+    done = json.loads(saved.read_text())["round"]
+    assert done >= 1 and not (out / SECOND).exists()
+
+
+def test_ctrl_c_stops_fedvls_run_with_one_line_and_its_command_continues_the_run(tmp_path):
+    """Ctrl-C in `fedvls run` after some rounds: exit 130, no traceback, one line naming the rounds
+    saved and the run folder, and a command that - pasted as it is - continues the run after the
+    last saved round to its end, every round once."""
+    import os
+    import shlex
+    import signal
+
+    from fedvls_flwr.app.results import LOCK_FILE, read_rounds
+
+    run_dir = tmp_path / "runs" / "stopped"
+    args = ["--run-config", f"dataset='digits' local-epochs=20 num-server-rounds=6 output-dir='{tmp_path / 'runs'}' "
+            "run-name='stopped'", "--federation-config", "num-supernodes=3 client-resources-num-cpus=1"]
+    proc = subprocess.Popen([sys.executable, "-m", "fedvls_flwr", "run", *args], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT
+        while not (run_dir / "state.json").exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"no round was saved:\n{proc.communicate()[1][-3000:]}")
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            stop_process(proc)
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr + stdout, stderr[-3000:]
+    line = stderr.strip().splitlines()[-1]
+    saved = json.loads((run_dir / "state.json").read_text())["round"]
+    assert line.startswith(f"fedvls run: stopped by Ctrl-C (SIGINT); rounds 1-{saved} are saved in {run_dir}; "
+                           f"to continue after round {saved}: fedvls run --run-config "), line
+    assert saved < 6 and not (run_dir / LOCK_FILE).exists()
+    command = shlex.split(line.split(f"round {saved}: ", 1)[1])
+    assert command[:2] == ["fedvls", "run"]
+    again = subprocess.run([sys.executable, "-m", "fedvls_flwr", *command[1:]], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=RUN_TIMEOUT)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resuming after round {saved} of 6" in again.stderr
+    assert [r["round"] for r in read_rounds(run_dir)] == list(range(7))

@@ -27,9 +27,8 @@ from fedvls_flwr.algorithms.fedconcat import (
     cluster_sites,
     encoder_rounds,
 )
-from fedvls_flwr.algorithms.parts import PartContext, build_part
-from fedvls_flwr.algorithms.rounds import ClientOutcome, ClientRound
-from fedvls_flwr.algorithms.training import ClientState
+from fedvls_flwr.algorithms.parts import ClientState, RunContext
+from fedvls_flwr.algorithms.rounds import ClientOutcome, ClientRound, build_protocol
 from fedvls_flwr.app.keys import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, PARTITION_ID, SERVER_ROUND, TRAIN_LOSS
 from fedvls_flwr.app.results import read_rounds
 from fedvls_flwr.app.server import run_experiment
@@ -43,7 +42,7 @@ pytestmark = pytest.mark.usefixtures("run_identity")  # Flower's messages need a
 def protocol(**params) -> FedConcat:
     cfg = RunConfig(protocol="fedconcat", num_server_rounds=params.pop("rounds", 4), seed=3,
                     **{k.replace("-", "_"): v for k, v in params.items()})
-    p = build_part("protocol", cfg.to_flower(), PartContext(run=cfg))
+    p = build_protocol(cfg.to_flower(), RunContext(cfg))
     assert isinstance(p, FedConcat)
     return p
 
@@ -85,7 +84,7 @@ def test_clustering_is_the_authors_kmeans_call():
     one_start_differs = False
     for seed in range(4):
         cfg = RunConfig(protocol="fedconcat", num_server_rounds=4, seed=seed, fedconcat_clusters=4)
-        state = build_part("protocol", cfg.to_flower(), PartContext(run=cfg)).initial_state(
+        state = build_protocol(cfg.to_flower(), RunContext(cfg)).initial_state(
             {"w": np.zeros((2, 2), np.float32)}, {i: {"class-counts": c.tolist()} for i, c in enumerate(counts)})
         ten = KMeans(n_clusters=4, init="k-means++", n_init=10, random_state=seed).fit(distributions).labels_
         one = KMeans(n_clusters=4, init="k-means++", n_init=1, random_state=seed).fit(distributions).labels_
@@ -162,23 +161,12 @@ class Data:
         self.x, self.y, self.num_classes, self.mean, self.std = x, y, num_classes, None, None
 
 
-class KeptNothing:
-    """A node that keeps nothing across rounds."""
-
-    def get(self, name):
-        return None
-
-    def put(self, name, arrays):
-        pass
-
-
 def client_step(cfg, arrays, stage, data, model_factory, seed) -> ClientOutcome:
     """The client's side of a FedConcat training message in ``stage``."""
-    p = build_part("protocol", cfg.to_flower(), PartContext(run=cfg))
+    p = build_protocol(cfg.to_flower(), RunContext(cfg))
     return p.client_train(ClientRound(arrays=arrays, config={"fedconcat-stage": stage}, cfg=cfg, data=data,
                                       model_factory=model_factory, device=torch.device("cpu"),
-                                      generator=torch.Generator().manual_seed(seed), state=ClientState(),
-                                      kept=KeptNothing()))
+                                      generator=torch.Generator().manual_seed(seed), state=ClientState()))
 
 
 def test_client_head_training_matches_torch_sgd_on_concatenated_features():
@@ -271,6 +259,65 @@ def test_every_model_with_an_encoder_and_a_head_concatenates(name, shape):
     weights, result = outcome.weights, outcome.result
     assert set(weights) == {HEAD_WEIGHT, HEAD_BIAS} and result.steps == 3 and math.isfinite(result.loss)
     assert not torch.equal(weights[HEAD_WEIGHT], before[HEAD_WEIGHT])
+
+
+def test_frozen_features_are_computed_once_and_give_the_recomputed_results():
+    """Without augmentation a process computes the frozen encoders' features of a client's data
+    and of each server test batch once: later head rounds and evaluations run no encoder,
+    and give what recomputing the features per batch gives (the CNN's convolutions round
+    differently in larger batches: float tolerance); changed data or new encoders recompute."""
+    from fedvls_flwr.algorithms.fedconcat import _BUILT
+    from fedvls_flwr.algorithms.training import evaluate
+
+    torch.manual_seed(0)
+    shape = (1, 28, 28)
+    encoders = [build_model("cnn", shape, 10) for _ in range(2)]
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(300, *shape, generator=g), torch.randint(0, 10, (300,), generator=g)
+    test_x, test_y = torch.randn(500, *shape, generator=g), torch.randint(0, 10, (500,), generator=g)
+    head_w, head_b = torch.randn(10, 100, generator=g) * 0.05, torch.zeros(10)
+    arrays = {**{f"encoder{k}/{n}": v.detach().clone() for k, e in enumerate(encoders)
+                 for n, v in e.state_dict().items()}, HEAD_WEIGHT: head_w, HEAD_BIAS: head_b}
+    cfg = RunConfig(protocol="fedconcat", batch_size=32, lr=0.05, augment=False, eval_batch_size=128)
+    data = Data(x, y)
+    calls = []
+    first = client_step(cfg, arrays, 2, data, lambda: build_model("cnn", shape, 10), 5)
+    concat = _BUILT.model
+    assert concat is not None
+    hooks = [e.register_forward_hook(lambda *a: calls.append(1)) for e in concat.encoders]
+    again = client_step(cfg, arrays, 2, data, lambda: build_model("cnn", shape, 10), 5)
+    assert _BUILT.model is concat and not calls  # the kept features: no encoder ran
+    torch.testing.assert_close(again.weights[HEAD_WEIGHT], first.weights[HEAD_WEIGHT], rtol=0, atol=0)
+    # against features recomputed on every mini-batch (the loop before the features were kept)
+    order = torch.randperm(300, generator=torch.Generator().manual_seed(5))
+    head = nn.Linear(100, 10)
+    head.load_state_dict({"weight": head_w.clone(), "bias": head_b.clone()})
+    sgd = torch.optim.SGD(head.parameters(), lr=0.05, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    for s in range(3):
+        idx = order[s * 32:(s + 1) * 32]
+        sgd.zero_grad()
+        nn.functional.cross_entropy(head(concat.features(x[idx])), y[idx]).backward()
+        sgd.step()
+    torch.testing.assert_close(first.weights[HEAD_WEIGHT], head.weight.detach(), rtol=1e-5, atol=1e-6)
+    # the server's evaluation: twice the same test set, the second without an encoder forward
+    calls.clear()
+    kept = [evaluate(concat, test_x, test_y, 10, device=torch.device("cpu"), batch_size=128) for _ in range(2)]
+    assert len(calls) == 2 * 4  # 4 batches, 2 encoders, the first time only
+
+    class Recomputed(nn.Module):
+        def forward(self, xb):
+            return concat.head(concat.features(xb))
+
+    fresh = evaluate(Recomputed(), test_x, test_y, 10, device=torch.device("cpu"), batch_size=128)
+    for res in kept:
+        assert res.accuracy == fresh.accuracy and res.loss == pytest.approx(fresh.loss, rel=1e-6)
+    # data changed in place: its features are computed again
+    calls.clear()
+    x.add_(0.0)
+    client_step(cfg, arrays, 2, data, lambda: build_model("cnn", shape, 10), 5)
+    assert calls
+    for hook in hooks:
+        hook.remove()
 
 
 def test_a_node_without_its_encoders_says_so():

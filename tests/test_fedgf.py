@@ -14,10 +14,10 @@ from fedvls_flwr.algorithms.aggregation import Reply, weighted_average
 from fedvls_flwr.algorithms.downlink import Received
 from fedvls_flwr.algorithms.fedgf import FedGFServer, FedGFStep
 from fedvls_flwr.algorithms.local_optim import SAMStep
-from fedvls_flwr.algorithms.parts import PartContext
+from fedvls_flwr.algorithms.parts import ClientState, LocalOptimizerContext, RunContext
 from fedvls_flwr.algorithms.run_model import build_run_model
 from fedvls_flwr.algorithms.sgd import LocalSGD
-from fedvls_flwr.algorithms.training import ClientState, train_local
+from fedvls_flwr.algorithms.training import train_local
 from fedvls_flwr.config.registry import get_part, method_names, owners
 from fedvls_flwr.config.run_config import ConfigError, RunConfig, parse_run_config
 from fedvls_flwr.data.node_data import ClientData
@@ -76,7 +76,7 @@ def _app_steps(w0, b0, received, steps, cls=FedGFStep):
         model.weight.copy_(torch.from_numpy(w0))
         model.bias.copy_(torch.from_numpy(b0))
     sgd = LocalSGD(model.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WD)
-    step = cls({"sam-rho": RHO}, PartContext(sgd=sgd, received=received))
+    step = cls({"sam-rho": RHO}, LocalOptimizerContext(sgd, received if received is not None else Received()))
     x, y = torch.from_numpy(X), torch.from_numpy(Y)
 
     def closure():
@@ -113,7 +113,7 @@ def test_two_local_steps_mix_points_not_directions(c):
     np.testing.assert_allclose(one[0], reference(w0, b0, wg, bg, c, 1, "directions")[0], rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("received", [Received(), None, "c0"])
+@pytest.mark.parametrize("received", [Received(), "c0"])
 def test_an_empty_downlink_or_c_0_is_the_sam_step_bit_for_bit(received):
     w0, b0, wg, bg = _start()
     if received == "c0":
@@ -128,9 +128,9 @@ def test_a_downlink_that_does_not_fit_the_parameters_is_refused():
     sgd = LocalSGD(nn.Linear(3, 2).double().parameters(), lr=0.1)
     bad = Received(arrays={"weight": torch.from_numpy(wg)}, values={"c": 0.3}, param_names=["weight", "bias"])
     with pytest.raises(ValueError, match="lacks"):
-        FedGFStep({"sam-rho": 0.1}, PartContext(sgd=sgd, received=bad))
+        FedGFStep({"sam-rho": 0.1}, LocalOptimizerContext(sgd, bad))
     with pytest.raises(ValueError, match="param_names"):
-        FedGFStep({"sam-rho": 0.1}, PartContext(sgd=sgd, received=Received(
+        FedGFStep({"sam-rho": 0.1}, LocalOptimizerContext(sgd, Received(
             arrays={"weight": torch.from_numpy(wg)}, values={"c": 0.3}, param_names=["weight"])))
 
 
@@ -175,10 +175,16 @@ class NaiveFedGF:
     """The authors' client step written plainly, parameter by parameter, on whatever closure
     the objective gives (a reference for the composition test)."""
 
-    def __init__(self, sgd, params, received):
-        self.sgd, self.rho = sgd, params["sam-rho"]
+    def __init__(self, sgd, settings, received):
+        self.sgd, self.rho = sgd, settings["sam-rho"]
         self.c = received.values["c"]
         self.wg = [received.arrays[n] for n in received.param_names]
+
+    def load_client_state(self, state):  # a fresh momentum every round (optimizer-state = fresh)
+        assert not state
+
+    def client_state(self):
+        return {}
 
     def step(self, closure):
         terms = closure()
@@ -218,14 +224,10 @@ def test_fedgf_composes_with_the_objective(method, monkeypatch, request):
     app = _round(cfg, received)
     sam = _round(cfg.replace(local_optimizer="sam"))
 
-    real_build_part = training.build_part
+    def naive(cfg, sgd, received):  # train_local has set received.param_names
+        return NaiveFedGF(sgd, {"sam-rho": cfg.sam_rho}, received)
 
-    def naive(kind, values, context):  # train_local has set received.param_names
-        if kind != "local-optimizer":
-            return real_build_part(kind, values, context)
-        return NaiveFedGF(context.sgd, {"sam-rho": cfg.sam_rho}, context.received)
-
-    monkeypatch.setattr(training, "build_part", naive)
+    monkeypatch.setattr(training, "round_optimizer", naive)
     ref = _round(cfg, received)
     for (name, a), b in zip(app.state_dict().items(), ref.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-9, msg=name)
@@ -238,7 +240,7 @@ def test_fedgf_composes_with_the_objective(method, monkeypatch, request):
 
 def _server(**over):
     cfg = RunConfig(local_optimizer="fedgf", **over)
-    return FedGFServer(get_part("local-optimizer", "fedgf").params(cfg.to_flower()), PartContext(run=cfg))
+    return FedGFServer(get_part("local-optimizer", "fedgf").own_settings(cfg.to_flower()), RunContext(cfg))
 
 
 def test_server_hand_check():

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fedvls_flwr.algorithms.aggregation import Reply, weighted_average
-from fedvls_flwr.algorithms.objectives import build_objective
+from fedvls_flwr.algorithms.objectives.base import objective_for
 from fedvls_flwr.algorithms.objectives.fedmr import manifold_reshaping_term
 from fedvls_flwr.algorithms.training import train_local
 from fedvls_flwr.config.run_config import ConfigError, RunConfig, parse_run_config
@@ -86,7 +86,7 @@ def test_terms_sum_to_the_loss_and_deco_weights_the_term():
     torch.manual_seed(1)
     logits, feats, y = torch.randn(16, 10), torch.randn(16, 12), torch.randint(0, 4, (16,))
     counts = torch.bincount(y, minlength=10)
-    loss, terms = build_objective("fedmr", counts, {"fedmr-deco": 4.0})(logits, y, features=feats)
+    loss, terms = objective_for("fedmr", counts, {"fedmr-deco": 4.0})(logits, y, features=feats)
     assert terms["deco"].item() == pytest.approx(4.0 * manifold_reshaping_term(feats, y, 10).item(), rel=1e-6)
     assert loss.item() == pytest.approx((terms["ce"] + terms["deco"]).item(), rel=1e-6)
 
@@ -100,7 +100,7 @@ def test_under_mixed_precision_the_feature_term_stays_in_float32(method, params)
     torch.manual_seed(2)
     logits = torch.randn(64, 10).bfloat16()
     feats, y = (torch.rand(64, 200) * 3).bfloat16(), torch.randint(0, 3, (64,))
-    obj = build_objective(method, torch.bincount(y, minlength=10), params)
+    obj = objective_for(method, torch.bincount(y, minlength=10), params)
     exact, _ = obj.loss_terms(logits.float(), y, None, feats.float())
     with torch.autocast("cpu", dtype=torch.bfloat16):
         mixed, _ = obj.loss_terms(logits, y, None, feats)

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedvls_flwr.algorithms.objectives import Objective, build_objective
-from fedvls_flwr.config.registry import METHODS, get_method, method_names, method_params, method_settings, owners
+from fedvls_flwr.algorithms.objectives.base import Objective, objective_for
+from fedvls_flwr.config.registry import METHODS, get_method, method_names, method_settings, owners
 from fedvls_flwr.config.run_config import SETTINGS, RunConfig, parse_run_config
 from fedvls_flwr.data.node_data import ClientData
 
@@ -28,21 +28,21 @@ def test_registered_objective_exists_and_matches_its_declaration(method):
     cls = spec.load()
     assert issubclass(cls, Objective) and cls.name == method
     two_vacant = torch.tensor([5, 0, 3, 0, 7])
-    objective = build_objective(method, two_vacant)
-    assert objective.params == spec.defaults()  # exactly its own keys, at their defaults
+    objective = objective_for(method, two_vacant)
+    assert objective.settings == spec.defaults()  # exactly its own keys, at their defaults
 
 
-def test_method_params_are_the_methods_own_keys_from_the_validated_config():
+def test_a_parts_settings_are_its_own_keys_from_the_validated_config():
     cfg = parse_run_config({"method": "fedlc", "fedlc-tau": 0.1, "lambda-dis": 0.7})
-    assert method_params(cfg) == {"fedlc-tau": 0.1, "fedlc-form": "standard"}
-    assert method_params(RunConfig(method="fedavg")) == {}
+    assert get_method(cfg.method).own_settings(cfg.to_flower()) == {"fedlc-tau": 0.1, "fedlc-form": "standard"}
+    assert get_method("fedavg").own_settings(RunConfig(method="fedavg").to_flower()) == {}
 
 
 def test_a_methods_key_is_validated_once_with_one_spelling():
     with pytest.raises(ValueError, match="'fedntd-tau' = 0.0: must be > 0"):
         parse_run_config({"fedntd-tau": 0.0})
     with pytest.raises(ValueError, match="'fedntd-tau' = 0.0: must be > 0"):
-        build_objective("fedntd", torch.tensor([1, 2]), {"fedntd-tau": 0.0})
+        objective_for("fedntd", torch.tensor([1, 2]), {"fedntd-tau": 0.0})
 
 
 def test_shared_settings_are_one_declaration():
@@ -85,8 +85,9 @@ def test_a_stale_generated_file_is_named(tmp_path):
 @pytest.mark.parametrize("local", ["sgd", "sam", "fedgf"])
 @pytest.mark.parametrize("method", method_names())
 def test_every_method_trains_with_every_local_optimizer_and_optimizer_state(method, local):
+    from fedvls_flwr.algorithms.parts import ClientState
     from fedvls_flwr.algorithms.run_model import build_run_model
-    from fedvls_flwr.algorithms.training import ClientState, train_local
+    from fedvls_flwr.algorithms.training import train_local
 
     g = torch.Generator().manual_seed(0)
     y = torch.tensor([0, 1, 1, 0, 0, 1, 3, 0] * 3)  # classes 2 vacant, 3 rare

@@ -8,13 +8,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fedvls_flwr.algorithms.objectives import MASK_VALUE, Objective, build_objective
+from fedvls_flwr.algorithms.objectives.base import MASK_VALUE, Objective, objective_for
 from fedvls_flwr.config.registry import method_names, method_settings
 
 METHODS = method_names()
 #: Objectives that are a function of the logits alone (MOON and FedDecorr also read the
 #: model's representation; they have tests of their own below).
-LOGIT_METHODS = tuple(m for m in METHODS if build_objective(m, torch.tensor([1, 1])).features is None)
+LOGIT_METHODS = tuple(m for m in METHODS if objective_for(m, torch.tensor([1, 1])).features is None)
 
 
 def params(**changes) -> dict:
@@ -223,7 +223,7 @@ def make_case(seed, C=7, B=12, vacant=(), batch_classes=None, scale=3.0):
 
 
 def run_both(method, params, counts, f, y, g):
-    obj = build_objective(method, counts, params)
+    obj = objective_for(method, counts, params)
     loss, terms = obj(f, y, g)
     (grad,) = torch.autograd.grad(loss, f)
     ref = REFS[method](f, y.tolist(), counts.tolist(), resolved(method, params), g)
@@ -281,7 +281,7 @@ def test_client_with_one_class(method):
     y = torch.full((B,), 2, dtype=torch.long)
     f = torch.randn(B, C, dtype=torch.float64, requires_grad=True)
     g = torch.randn(B, C, dtype=torch.float64)
-    obj = build_objective(method, counts)
+    obj = objective_for(method, counts)
     loss, terms = obj(f, y, g)
     (grad,) = torch.autograd.grad(loss, f)
     assert torch.isfinite(loss) and torch.isfinite(grad).all()
@@ -292,7 +292,7 @@ def test_client_with_one_class(method):
         assert float(loss.detach()) == pytest.approx(0.0, abs=1e-12)
         assert float(grad.abs().max()) == 0.0
     # FedLC paper form: the denominator (c != y) is empty -> large negative but finite
-    obj_p = build_objective("fedlc", counts, params(fedlc_form="paper"))
+    obj_p = objective_for("fedlc", counts, params(fedlc_form="paper"))
     loss_p, _ = obj_p(f, y)
     (grad_p,) = torch.autograd.grad(loss_p, f)
     assert torch.isfinite(loss_p) and float(loss_p.detach()) < -1e8
@@ -306,7 +306,7 @@ def test_fedlc_zero_counts_removed_from_softmax():
     f = torch.randn(6, 5, dtype=torch.float64, requires_grad=True)
     y = torch.tensor([1, 3, 3, 4, 1, 3])
     for form in ("standard", "paper"):
-        obj = build_objective("fedlc", counts, params(fedlc_form=form))
+        obj = objective_for("fedlc", counts, params(fedlc_form=form))
         loss, _ = obj(f, y)
         (grad,) = torch.autograd.grad(loss, f)
         assert torch.isfinite(loss) and torch.isfinite(grad).all()
@@ -324,8 +324,8 @@ def test_fedvls_paper_vacant_masked_bounded_not():
     f2 = f.clone()
     f2[:, [0, 2]] += 50.0
     p = params(use_dis=False, use_logit=False)
-    paper = build_objective("fedvls-paper", counts, p)
-    bounded = build_objective("fedvls", counts, p)
+    paper = objective_for("fedvls-paper", counts, p)
+    bounded = objective_for("fedvls", counts, p)
     torch.testing.assert_close(paper(f2, y)[0], paper(f, y)[0])  # vacant out of the softmax
     assert float(bounded(f2, y)[0]) > float(bounded(f, y)[0]) + 1.0  # log(1e-9) only damps
 
@@ -338,7 +338,7 @@ def test_huge_logits_finite(method, dtype):
         f = (scale * torch.randn(f.shape, dtype=dtype)).requires_grad_(True)
         g = scale * torch.randn(f.shape, dtype=dtype)
         for form in ("standard", "paper"):
-            obj = build_objective(method, counts, params(fedlc_form=form, logit_weight=1.0))
+            obj = objective_for(method, counts, params(fedlc_form=form, logit_weight=1.0))
             loss, terms = obj(f, y, g)
             (grad,) = torch.autograd.grad(loss, f)
             assert loss.dtype == dtype
@@ -351,7 +351,7 @@ def test_huge_logits_finite(method, dtype):
 def test_half_precision_upcast(method):
     counts, f, y, g = make_case(seed=3, vacant=(0, 2))
     fb = f.detach().to(torch.bfloat16).requires_grad_(True)
-    obj = build_objective(method, counts)
+    obj = objective_for(method, counts)
     loss, _ = obj(fb, y, g.to(torch.bfloat16))
     assert loss.dtype == torch.float32
     loss.backward()
@@ -368,22 +368,22 @@ def test_needs_teacher():
     one_vacant = torch.tensor([3, 0, 5, 6])
     two_vacant = torch.tensor([3, 0, 0, 6])
     for counts in (no_vacant, one_vacant, two_vacant):
-        assert not build_objective("fedavg", counts).needs_teacher
-        assert not build_objective("fedlc", counts).needs_teacher
-        assert build_objective("fedntd", counts).needs_teacher
+        assert not objective_for("fedavg", counts).needs_teacher
+        assert not objective_for("fedlc", counts).needs_teacher
+        assert objective_for("fedntd", counts).needs_teacher
     for m in ("fedvls", "fedvls-paper"):
-        assert not build_objective(m, no_vacant).needs_teacher
-        assert not build_objective(m, one_vacant).needs_teacher
-        assert build_objective(m, two_vacant).needs_teacher
-        assert not build_objective(m, two_vacant, params(use_dis=False)).needs_teacher
-        assert not build_objective(m, two_vacant, params(lambda_dis=0.0)).needs_teacher
-    assert not build_objective("fedntd", no_vacant, params(fedntd_beta=0.0)).needs_teacher
+        assert not objective_for(m, no_vacant).needs_teacher
+        assert not objective_for(m, one_vacant).needs_teacher
+        assert objective_for(m, two_vacant).needs_teacher
+        assert not objective_for(m, two_vacant, params(use_dis=False)).needs_teacher
+        assert not objective_for(m, two_vacant, params(lambda_dis=0.0)).needs_teacher
+    assert not objective_for("fedntd", no_vacant, params(fedntd_beta=0.0)).needs_teacher
 
 
 @pytest.mark.parametrize("method", ["fedntd", "fedvls", "fedvls-paper"])
 def test_missing_teacher_raises(method):
     counts = torch.tensor([3, 0, 0, 6])
-    obj = build_objective(method, counts)
+    obj = objective_for(method, counts)
     assert obj.needs_teacher
     with pytest.raises(ValueError, match="teacher"):
         obj(torch.randn(4, 4), torch.tensor([0, 3, 3, 0]))
@@ -394,7 +394,7 @@ def test_teacher_not_needed_is_ignored(method):
     counts = torch.tensor([3, 0, 4, 6])  # at most one vacant class
     if method in ("fedntd", "fedlmd"):
         pytest.skip(f"{method} always uses the teacher")
-    obj = build_objective(method, counts)
+    obj = objective_for(method, counts)
     assert not obj.needs_teacher
     f = torch.randn(5, 4)
     y = torch.tensor([0, 2, 3, 3, 0])
@@ -408,7 +408,7 @@ def test_teacher_gets_no_gradient():
     for m in ("fedntd", "fedvls"):
         f = torch.randn(4, 5, requires_grad=True)
         g = torch.randn(4, 5, requires_grad=True)
-        loss, _ = build_objective(m, counts)(f, torch.tensor([0, 3, 3, 0]), g)
+        loss, _ = objective_for(m, counts)(f, torch.tensor([0, 3, 3, 0]), g)
         loss.backward()
         assert g.grad is None and f.grad is not None
 
@@ -416,11 +416,11 @@ def test_teacher_gets_no_gradient():
 @pytest.mark.parametrize("method", ["fedvls", "fedvls-paper"])
 def test_ablation_switches(method):
     counts, f, y, g = make_case(seed=21, vacant=(0, 3, 5))
-    full = build_objective(method, counts)
+    full = objective_for(method, counts)
     l_full, t_full = full(f, y, g)
     assert float(t_full["dis"]) > 0 and float(t_full["logit"]) != 0
 
-    no_dis = build_objective(method, counts, params(use_dis=False))
+    no_dis = objective_for(method, counts, params(use_dis=False))
     assert not no_dis.needs_teacher
     l_nd, t_nd = no_dis(f, y, g)
     assert float(t_nd["dis"]) == 0.0
@@ -428,56 +428,56 @@ def test_ablation_switches(method):
     torch.testing.assert_close(no_dis(f, y)[0], l_nd)  # teacher irrelevant
     assert_matches(method, params(use_dis=False), counts, f, y, g)
 
-    no_logit = build_objective(method, counts, params(use_logit=False))
+    no_logit = objective_for(method, counts, params(use_logit=False))
     l_nl, t_nl = no_logit(f, y, g)
     assert float(t_nl["logit"]) == 0.0
     torch.testing.assert_close(l_nl, l_full - t_full["logit"])
     assert_matches(method, params(use_logit=False), counts, f, y, g)
 
-    cal_only = build_objective(method, counts, params(use_dis=False, use_logit=False))
+    cal_only = objective_for(method, counts, params(use_dis=False, use_logit=False))
     l_c, t_c = cal_only(f, y)
     torch.testing.assert_close(l_c, t_full["cal"])
     # no vacant pair: dis is identically zero even when enabled
     counts1, f1, y1, g1 = make_case(seed=22, vacant=(2,))
-    _, t1 = build_objective(method, counts1)(f1, y1, g1)
+    _, t1 = objective_for(method, counts1)(f1, y1, g1)
     assert float(t1["dis"]) == 0.0
 
 
 def test_logit_weight_defaults():
     counts, f, y, g = make_case(seed=8, vacant=(1, 2))
-    assert build_objective("fedvls", counts).logit_weight == 0.005
-    assert build_objective("fedvls-paper", counts).logit_weight == 1.0
+    assert objective_for("fedvls", counts).logit_weight == 0.005
+    assert objective_for("fedvls-paper", counts).logit_weight == 1.0
     for m in ("fedvls", "fedvls-paper"):
-        assert build_objective(m, counts, params(logit_weight=0.25)).logit_weight == 0.25
-        default = build_objective(m, counts)
+        assert objective_for(m, counts, params(logit_weight=0.25)).logit_weight == 0.25
+        default = objective_for(m, counts)
         _, t_def = default(f, y, g)
-        _, t_one = build_objective(m, counts, params(logit_weight=1.0))(f, y, g)
+        _, t_one = objective_for(m, counts, params(logit_weight=1.0))(f, y, g)
         torch.testing.assert_close(t_def["logit"] / default.logit_weight, t_one["logit"])
-        _, t_zero = build_objective(m, counts, params(logit_weight=0.0))(f, y, g)
+        _, t_zero = objective_for(m, counts, params(logit_weight=0.0))(f, y, g)
         assert float(t_zero["logit"]) == 0.0
 
 
 def test_fedlc_forms_differ():
     counts, f, y, g = make_case(seed=4, vacant=(6,))
-    std = build_objective("fedlc", counts, params(fedlc_form="standard"))
-    pap = build_objective("fedlc", counts, params(fedlc_form="paper"))
+    std = objective_for("fedlc", counts, params(fedlc_form="standard"))
+    pap = objective_for("fedlc", counts, params(fedlc_form="paper"))
     a, b = std(f.detach(), y)[0], pap(f.detach(), y)[0]
     assert float(a) > float(b) + 1e-3  # removing the label from the denominator lowers the loss
     with pytest.raises(ValueError, match="fedlc-form"):
-        build_objective("fedlc", counts, params(fedlc_form="nope"))
+        objective_for("fedlc", counts, params(fedlc_form="nope"))
 
 
 def test_fedlc_margin_direction():
     # rare classes get the larger margin subtracted: tau * n^(-1/4)
     counts = torch.tensor([1, 16, 0])
-    obj = build_objective("fedlc", counts, params(fedlc_tau=0.5))
+    obj = objective_for("fedlc", counts, params(fedlc_tau=0.5))
     torch.testing.assert_close(obj.margin, torch.tensor([0.5, 0.25, 0.0], dtype=torch.float64))
     assert torch.isfinite(obj.margin).all()
 
 
 def test_unknown_method():
     with pytest.raises(ValueError) as ei:
-        build_objective("fedfoo", torch.tensor([1, 2, 3]))
+        objective_for("fedfoo", torch.tensor([1, 2, 3]))
     msg = str(ei.value)
     assert "fedprox" in msg
     assert all(m in msg for m in METHODS)
@@ -485,10 +485,10 @@ def test_unknown_method():
 
 def test_bad_inputs():
     with pytest.raises(ValueError):
-        build_objective("fedavg", torch.tensor([0, 0, 0]))
+        objective_for("fedavg", torch.tensor([0, 0, 0]))
     with pytest.raises(ValueError):
-        build_objective("fedavg", torch.tensor([1, -1, 3]))
-    obj = build_objective("fedavg", torch.tensor([1, 2, 3]))
+        objective_for("fedavg", torch.tensor([1, -1, 3]))
+    obj = objective_for("fedavg", torch.tensor([1, 2, 3]))
     with pytest.raises(ValueError):
         obj(torch.randn(4, 5), torch.zeros(4, dtype=torch.long))
 
@@ -496,14 +496,14 @@ def test_bad_inputs():
 def test_interface_and_precompute():
     counts = torch.tensor([10, 0, 30, 0, 60])
     for m in METHODS:
-        obj = build_objective(m, counts)
+        obj = objective_for(m, counts)
         assert isinstance(obj, Objective) and obj.name == m
         assert isinstance(obj.term_names, tuple) and obj.term_names
-    obj = build_objective("fedvls", counts)
+    obj = objective_for("fedvls", counts)
     assert obj.vacant_idx.tolist() == [1, 3]
     torch.testing.assert_close(obj.prior, torch.tensor([0.1, 0.0, 0.3, 0.0, 0.6], dtype=torch.float64))
-    assert build_objective("fedavg", counts).term_names == ("ce",)
-    assert build_objective("fedntd", counts).term_names == ("ce", "ntd")
+    assert objective_for("fedavg", counts).term_names == ("ce",)
+    assert objective_for("fedntd", counts).term_names == ("ce", "ntd")
     assert obj.term_names == ("cal", "dis", "logit")
     assert MASK_VALUE < -1e8 and math.isfinite(MASK_VALUE)
 
@@ -513,12 +513,12 @@ def test_bounded_logit_lower_bound():
     counts = torch.tensor([10, 20, 30])
     y = torch.tensor([0, 1, 2, 2])
     f = torch.full((4, 3), -1e4, dtype=torch.float64)
-    _, t = build_objective("fedvls", counts, params(logit_weight=1.0))(f, y)
+    _, t = objective_for("fedvls", counts, params(logit_weight=1.0))(f, y)
     p = torch.tensor([1 / 6, 2 / 6, 3 / 6], dtype=torch.float64)
     bound = (p * torch.log(torch.tensor([1 / 4, 1 / 4, 2 / 4], dtype=torch.float64))).sum()
     torch.testing.assert_close(t["logit"], bound)
     # the paper form is unbounded: it follows the logits down
-    _, tp = build_objective("fedvls-paper", counts)(f, y)
+    _, tp = objective_for("fedvls-paper", counts)(f, y)
     assert float(tp["logit"]) < -9e3
 
 
@@ -527,7 +527,7 @@ def test_bounded_logit_lower_bound():
 def test_cuda_no_host_sync(method):
     dev = torch.device("cuda")
     counts = torch.tensor([10, 0, 30, 0, 60, 0, 5], device=dev)
-    obj = build_objective(method, counts)
+    obj = objective_for(method, counts)
     f = torch.randn(64, 7, device=dev, requires_grad=True)
     g = torch.randn(64, 7, device=dev)
     y = torch.tensor([0, 2, 4, 6] * 16, device=dev)

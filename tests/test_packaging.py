@@ -94,3 +94,23 @@ def test_fedvls_version_names_the_package_and_what_it_runs_on(capsys):
     said = capsys.readouterr().out.strip()
     assert said.startswith(f"fedvls-flwr {declared} (flwr 1.41.") and f"Python {platform.python_version()})" in said
     assert cli.main(["-V"]) == 0 and capsys.readouterr().out.strip() == said
+
+
+def test_the_app_folder_of_an_installed_package_is_the_projects_app_naming_the_installed_apps(tmp_path):
+    """What an installed package (no checkout) submits to `flwr run` (a sweep's --engine flwr):
+    the project's run-config defaults and metadata, components naming the package's apps, and
+    Flower's own FAB rules pass."""
+    from flwr.supercore.fab_format_version import normalize_and_validate_fab_format
+
+    from fedvls_flwr.ops.app_folder import COMPONENTS, installed_app_pyproject
+
+    app = tomllib.loads(installed_app_pyproject("0.1.0"))
+    assert app["tool"]["flwr"]["app"]["config"] == PYPROJECT["tool"]["flwr"]["app"]["config"]
+    assert app["tool"]["flwr"]["app"]["components"] == COMPONENTS
+    assert {k: app["project"][k] for k in ("name", "version", "license")} == {
+        k: PYPROJECT["project"][k] for k in ("name", "version", "license")}
+    assert [r for r in app["project"]["dependencies"] if r.startswith("flwr")] == [
+        r for r in PYPROJECT["project"]["dependencies"] if r.startswith("flwr")]
+    assert {k: v for k, v in app["tool"]["flwr"]["app"].items() if k not in ("components", "config")} == {
+        k: v for k, v in PYPROJECT["tool"]["flwr"]["app"].items() if k not in ("components", "config")}
+    assert normalize_and_validate_fab_format(app).fab_format_version == 1

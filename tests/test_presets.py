@@ -99,6 +99,9 @@ def test_grid_key_typo_names_run_config_and_federation_keys(tmp_path):
         (["--set", "lamda-dis=0.2"], "unknown key in --set 'lamda-dis' (did you mean 'lambda-dis'?)"),
         (["--only", "datset=digits"], "unknown --only key 'datset' (did you mean 'dataset'?)"),
         (["--seeds", "0,one"], "--seeds '0,one': expected comma-separated integers"),
+        (["--seeds", ""], "--seeds '': expected comma-separated integers"),
+        (["--seeds", "0,0"], "--seeds '0,0': seed 0 is given twice (one seed, one run); give each once"),
+        (["--set", "lr=0.1", "--set", "lr=0.2"], "--set: 'lr' is given twice ('lr=0.1', then 'lr=0.2' in 'lr=0.2')"),
     ],
 )
 def test_sweep_command_line_rejects_bad_overrides(args, message, capsys):
@@ -302,3 +305,46 @@ def test_a_finished_run_differing_only_in_settings_it_does_not_read_is_the_plann
     (out / run["run-name"] / "summary.json").write_text(json.dumps({"status": "completed", "config": recorded}))
     with pytest.raises(PresetError, match="other settings than planned for it \\(fedgf-threshold\\)"):
         sweep.run_preset(load_preset(adaptive), out, report=False)  # the adaptive mode reads it
+
+
+@pytest.mark.parametrize("every", ["-1", "nan", "soon"])
+def test_a_progress_interval_that_is_not_seconds_is_refused(every, capsys):
+    from fedvls_flwr.experiments.sweep import main
+
+    with pytest.raises(SystemExit) as exited:
+        main([str(CONF / "mnist10k-dir0.05.yaml"), "--dry-run", "--progress-every", every])
+    assert exited.value.code == 2 and "argument --progress-every: " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where", ["base: {dataset: digits, run-name: same}\ngrid: {method: [fedavg, fedvls]}\n",
+                                   "base: {dataset: digits}\ngrid: {method: [fedavg, fedvls]}\n"
+                                   "variants: [{run-name: same}]\n"])
+def test_a_preset_that_names_every_run_alike_is_told_so(tmp_path, where):
+    path = tmp_path / "p.yaml"
+    path.write_text("name: p\n" + where)
+    with pytest.raises(PresetError, match="sets run-name = 'same', so 2 runs would share one run folder .* leave "
+                                          "run-name out of the preset"):
+        load_preset(path)
+    path.write_text("name: p\nbase: {dataset: digits}\ngrid: [{method: [fedavg]}, {method: [fedavg]}]\n")
+    with pytest.raises(PresetError, match="two runs are identical \\(same settings: digits-fedavg-dir0.05-s0\\)"):
+        load_preset(path)
+
+
+def test_a_sweep_on_flower_without_ray_says_so_in_one_line(tmp_path):
+    """Ray that cannot be imported (not installed, or broken): one line naming the package to
+    install and the in-process engine, before anything starts - not Ray's traceback."""
+    import os
+    import subprocess
+    import sys
+
+    shadow = tmp_path / "shadow" / "ray"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'ray'\", name='ray')\n")
+    done = subprocess.run([sys.executable, "-m", "fedvls_flwr", "sweep", str(CONF / "mnist10k-dir0.05.yaml"), "-o",
+                           str(tmp_path / "out"), "--engine", "flwr"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path / "shadow")})
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "error: --engine flwr: every run is a flwr run in Flower's Ray simulation, but Ray cannot be imported here "
+        "(ModuleNotFoundError: No module named 'ray'). Install it (pip install \"flwr[simulation]\"; "
+        "scripts/setup.sh does), or run the sweep in-process: --engine inprocess"]

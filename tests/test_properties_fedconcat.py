@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from fedvls_flwr.algorithms.fedconcat import FedConcat, encoder_rounds
-from fedvls_flwr.algorithms.parts import PartContext, build_part
+from fedvls_flwr.algorithms.parts import RunContext
+from fedvls_flwr.algorithms.rounds import build_protocol
 from fedvls_flwr.config.run_config import ConfigError, RunConfig, parse_run_config
 
 ROUND_COUNTS = range(2, 2001)
@@ -39,7 +40,7 @@ def test_a_positive_setting_is_stage_ones_length_as_given():
 def protocol(num_rounds: int, clusters: int, setting: int) -> FedConcat:
     cfg = RunConfig(protocol="fedconcat", num_server_rounds=num_rounds, seed=3, fedconcat_clusters=clusters,
                     fedconcat_encoder_rounds=setting)
-    built = build_part("protocol", cfg.to_flower(), PartContext(run=cfg))
+    built = build_protocol(cfg.to_flower(), RunContext(cfg))
     assert isinstance(built, FedConcat)
     return built
 

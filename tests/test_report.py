@@ -138,6 +138,29 @@ def test_table_single_seed_std_zero(tmp_path: Path):
     assert cell.final_std == 0.0
 
 
+def test_a_seed_run_again_on_another_engine_is_counted_once_and_named(tmp_path: Path):
+    """The same experiment by both engines (which compute the same) and by an older version (no
+    engine recorded): one seed in the cell, the first run in path order, the others named in a note
+    with their engines - not "3 seeds per cell, 60.83 ± 0.00"."""
+    for name, engine in (("a-inprocess", "inprocess"), ("b-simulation", "simulation"), ("c-old", None)):
+        run = _write_run(tmp_path / name, _config("fedavg", 0), 0.6083, 0.6083)
+        if engine is not None:
+            summary = json.loads((run / "summary.json").read_text())
+            (run / "summary.json").write_text(json.dumps({**summary, "engine": engine}))
+    _write_run(tmp_path / "d-seed1", _config("fedavg", 1), 0.7, 0.7)
+    t = table(load_runs(tmp_path))
+    cell = t.cell(("mnist10k", "dirichlet", 0.05), ("FedAvg",))
+    assert cell.n == 2 and cell.seeds == [0, 1] and cell.run_paths == [tmp_path / "a-inprocess", tmp_path / "d-seed1"]
+    assert cell.best_mean == pytest.approx((60.83 + 70) / 2)
+    assert t.notes == [f"[mnist10k, dirichlet, 0.05, FedAvg] seed 0 has 3 runs: counted once, {tmp_path / 'a-inprocess'} "
+                       f"(inprocess); left out: {tmp_path / 'b-simulation'} (simulation); {tmp_path / 'c-old'} "
+                       "(engine not recorded)"]
+    notes: list[str] = []
+    make_report(tmp_path, tmp_path / "report", notes=notes)  # what `fedvls report` says as a warning
+    assert notes == t.notes
+    assert "2 seeds per cell" in (tmp_path / "report" / "results.md").read_text()
+
+
 def test_best_and_final_from_rounds_when_summary_lacks_them(tmp_path: Path):
     _write_run(tmp_path / "old", {"method": "fedavg", "seed": 0}, 0.6, 0.55, summary_best=False,
                per_class=False, clients=None)

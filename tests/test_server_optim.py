@@ -5,8 +5,15 @@ import numpy as np
 import pytest
 
 from fedvls_flwr.algorithms.aggregation import Reply, weighted_average
-from fedvls_flwr.algorithms.parts import build_part
+from fedvls_flwr.algorithms.parts import RunContext
+from fedvls_flwr.algorithms.server_optim import ServerOptimizer, build_server_optimizer
 from fedvls_flwr.config.registry import get_part
+from fedvls_flwr.config.run_config import RunConfig
+
+
+def server_optimizer(values) -> ServerOptimizer:
+    """The server optimizer ``values`` selects, with its settings there."""
+    return build_server_optimizer(values, RunContext(RunConfig()))
 
 RNG = np.random.default_rng(0)
 
@@ -23,8 +30,8 @@ def rounds_of_replies(num_rounds=3, clients=3, dtype=np.float64):
 def run(name, plan, overrides=None, dtype=np.float64, split_at=None):
     """Drive optimizer ``name`` through ``plan``; returns the global models after every round.
     ``split_at``: save the state after that round and continue in a fresh optimizer."""
-    params = {**get_part("server-optimizer", name).defaults(), **(overrides or {})}
-    opt = build_part("server-optimizer", {**params, "server-optimizer": name})
+    settings = {**get_part("server-optimizer", name).defaults(), **(overrides or {})}
+    opt = server_optimizer({**settings, "server-optimizer": name})
     w = {"a": np.zeros((2, 3), dtype), "b": np.zeros(4, dtype), "n": np.array(0, np.int64)}
     history = []
     for t, clients in enumerate(plan, start=1):
@@ -35,7 +42,7 @@ def run(name, plan, overrides=None, dtype=np.float64, split_at=None):
         history.append(w)
         if split_at == t:
             state = {k: v.copy() for k, v in opt.state().items()}
-            opt = build_part("server-optimizer", {**params, "server-optimizer": name})
+            opt = server_optimizer({**settings, "server-optimizer": name})
             opt.load_state(state)
     return history
 
@@ -92,9 +99,9 @@ CASES = [
 @pytest.mark.parametrize("name, overrides", CASES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(CASES)])
 def test_server_optimizer_matches_reference_over_three_rounds(name, overrides):
     plan = rounds_of_replies()
-    params = {**get_part("server-optimizer", name).defaults(), **overrides}
+    settings = {**get_part("server-optimizer", name).defaults(), **overrides}
     got = run(name, plan, overrides)
-    want = ref(name, plan, params)
+    want = ref(name, plan, settings)
     for t, (g, r) in enumerate(zip(got, want), start=1):
         for k in ("a", "b"):
             np.testing.assert_allclose(g[k], r[k], rtol=1e-10, atol=1e-12, err_msg=f"{name} round {t} {k}")
@@ -119,7 +126,7 @@ def test_float32_models_stay_float32(name):
 
 
 def test_fedexp_evaluates_the_average_of_the_last_two_models():
-    opt = build_part("server-optimizer", {"server-optimizer": "fedexp", "fedexp-eps": 0.01, "fedexp-eval": "average-last-two"})
+    opt = server_optimizer({"server-optimizer": "fedexp", "fedexp-eps": 0.01, "fedexp-eval": "average-last-two"})
     w0 = {"a": np.zeros(3), "n": np.array(0, np.int64)}
     replies = [Reply("0", {"a": np.array([1.0, -1.0, 0.0]), "n": np.array(1, np.int64)}, 1, {}),
                Reply("1", {"a": np.array([-1.0, 1.0, 0.2]), "n": np.array(1, np.int64)}, 1, {})]
@@ -128,7 +135,7 @@ def test_fedexp_evaluates_the_average_of_the_last_two_models():
     # nearly opposing updates: sum ||d_i||^2 = 4.04, ||d_bar||^2 = 0.01 -> eta = 4.04 / (4 * 0.02)
     assert opt.last_step_size == pytest.approx(50.5)
     np.testing.assert_allclose(w1["a"], 50.5 * np.array([0.0, 0.0, 0.1]))
-    last = build_part("server-optimizer", {"server-optimizer": "fedexp", "fedexp-eps": 0.01, "fedexp-eval": "last"})
+    last = server_optimizer({"server-optimizer": "fedexp", "fedexp-eps": 0.01, "fedexp-eval": "last"})
     assert last.evaluation_arrays(w1) is w1
 
 
@@ -164,11 +171,11 @@ def test_server_optimizers_match_flowers_own_bit_for_bit(name, overrides):
     """Our numpy server optimizers against Flower 1.41's strategies, float32, four rounds."""
     import flwr.serverapp.strategy as flower
 
-    params = {**get_part("server-optimizer", name).defaults(), **overrides}
+    settings = {**get_part("server-optimizer", name).defaults(), **overrides}
     cls = {"fedavgm": flower.FedAvgM, "fedadam": flower.FedAdam, "fedyogi": flower.FedYogi,
            "fedadagrad": flower.FedAdagrad}[name]
-    theirs = cls(**{flwr_key: params[key] for key, flwr_key in FLOWER_KWARGS[name].items()})
-    ours = build_part("server-optimizer", {**params, "server-optimizer": name})
+    theirs = cls(**{flwr_key: settings[key] for key, flwr_key in FLOWER_KWARGS[name].items()})
+    ours = server_optimizer({**settings, "server-optimizer": name})
     w = {"a": np.zeros((2, 3), np.float32), "b": np.zeros(4, np.float32)}
     for t, clients in enumerate(rounds_of_replies(4, dtype=np.float32), start=1):
         replies = [Reply(str(i), {"a": w["a"] + a, "b": w["b"] + b}, n, {}) for i, (a, b, n) in enumerate(clients)]

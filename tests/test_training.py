@@ -7,12 +7,12 @@ import torch
 from torch import nn
 
 from fedvls_flwr.algorithms import training
-from fedvls_flwr.algorithms.objectives import build_objective
+from fedvls_flwr.algorithms.objectives.base import objective_for
 from fedvls_flwr.algorithms.training import make_teacher, train_local
-from fedvls_flwr.config.registry import get_method, method_names, method_params
+from fedvls_flwr.config.registry import get_method, method_names
 from fedvls_flwr.config.run_config import RunConfig
 from fedvls_flwr.data.node_data import ClientData
-from fedvls_flwr.models import FeatureTap, ProjectionModel
+from fedvls_flwr.models import FeatureTap
 
 METHODS = method_names()
 
@@ -32,10 +32,12 @@ def _problem(n_per_class=(24, 12, 4), seed=0):
 
 
 def _mlp(seed=0, method="fedavg"):
-    """A small MLP; with MOON's projection head where the method has one."""
+    """A small MLP; wrapped as the method's spec says (MOON: a projection head of 8 outputs)."""
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Flatten(), nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, NUM_CLASSES))
-    return ProjectionModel(model, 8, NUM_CLASSES) if get_method(method).load().projection_head() else model
+    spec = get_method(method)
+    wrap = spec.load_model_wrapper()
+    return model if wrap is None else wrap(model, spec.own_settings({"moon-projection-dim": 8}), NUM_CLASSES)
 
 
 def _forward(model, x, objective):
@@ -61,7 +63,7 @@ def _tiny_convnet(seed=0):
 def _full_loss(model, teacher, x, y, cfg):
     """The configured objective on the whole local set (teacher = the received model)."""
     counts = torch.bincount(y, minlength=NUM_CLASSES)
-    objective = build_objective(cfg.method, counts, method_params(cfg))
+    objective = objective_for(cfg.method, counts, get_method(cfg.method).own_settings(cfg.to_flower()))
     with torch.no_grad():
         t_out = None
         if objective.needs_teacher:
@@ -164,10 +166,13 @@ def test_amp_on_cpu_runs_is_ignored_and_logged_once(monkeypatch, caplog):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphed"])
 @pytest.mark.parametrize("method", ["fedavg", "fedntd", "fedvls"])
-def test_amp_on_cuda_keeps_loss_terms_finite(method):
+def test_amp_on_cuda_keeps_loss_terms_finite(method, graphs):
+    from fedvls_flwr.algorithms.graphed import clear_trainers
     from fedvls_flwr.models import build_model
 
+    clear_trainers()  # the graphed path trains a copy of this model, hook included, made on first use
     device = torch.device("cuda")
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, 256, (96, 3, 32, 32), dtype=torch.uint8, generator=g)
@@ -176,7 +181,7 @@ def test_amp_on_cuda_keeps_loss_terms_finite(method):
     model = build_model("mobilenetv2", (3, 32, 32), 10)
     dtypes = set()
     model.register_forward_hook(lambda m, i, out: dtypes.add(out.dtype))
-    cfg = _cfg(method=method, local_epochs=2, batch_size=32, amp=True, device="cuda")
+    cfg = _cfg(method=method, local_epochs=2, batch_size=32, amp=True, device="cuda", cuda_graphs=graphs)
     res = train_local(
         model, ClientData(x, y, 10, MEAN, STD), cfg.replace(augment=True), device=device,
         generator=torch.Generator().manual_seed(0),
@@ -206,7 +211,7 @@ def test_teacher_computed_once_per_round_equals_per_batch(method, teacher_mode):
     assert cached.loss == pytest.approx(per_batch.loss, rel=1e-5, abs=1e-7)
     for name in cached.terms:
         assert cached.terms[name] == pytest.approx(per_batch.terms[name], rel=1e-5, abs=1e-7), name
-    assert cached.terms[build_objective(method, torch.bincount(y, minlength=NUM_CLASSES)).term_names[1]] != 0.0
+    assert cached.terms[objective_for(method, torch.bincount(y, minlength=NUM_CLASSES)).term_names[1]] != 0.0
     for key in states[0]:
         torch.testing.assert_close(states[0][key], states[1][key], rtol=1e-5, atol=1e-6)
 

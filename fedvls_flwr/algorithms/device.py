@@ -16,8 +16,43 @@ from dataclasses import dataclass
 
 import torch
 
+from fedvls_flwr.config.run_config import RunConfig, model_name
+
 #: cuBLAS needs a fixed workspace to be deterministic (NVIDIA's cuBLAS docs, "Results reproducibility").
 CUBLAS_WORKSPACE = ":4096:8"
+
+#: The models whose client step was measured faster on a GPU with bfloat16 autocast (``amp``), and
+#: with the channels-last memory format, than without, at the paper's batch of 64 with CUDA graphs
+#: (``bench/gpu_step.py``; the figures and the GPU are in docs/performance.md, "On a GPU"). What the
+#: settings' "auto" turns on; "true" / "false" decide for every model.
+AMP_FASTER: frozenset[str] = frozenset()
+CHANNELS_LAST_FASTER: frozenset[str] = frozenset()
+
+
+def switch(value: object, model: str, measured_faster: frozenset[str]) -> bool:
+    """A setting of ``AUTO_SWITCH`` ("auto", "true", "false"; booleans as written in Python) for
+    ``model``: "auto" is on for the models in ``measured_faster``."""
+    if value in (True, "true"):
+        return True
+    if value in (False, "false"):
+        return False
+    if value == "auto":
+        return model in measured_faster
+    raise ValueError(f"expected 'auto', 'true' or 'false', got {value!r}")
+
+
+def use_amp(cfg: RunConfig, device: torch.device | None = None) -> bool:
+    """Whether ``cfg.amp`` asks for bfloat16 autocast for its model ("auto": on ``device`` =
+    CUDA, for the models in :data:`AMP_FASTER`; "true" is passed on even for a CPU, where the
+    training loop says once that it is ignored)."""
+    if cfg.amp == "auto" and (device is None or device.type != "cuda"):
+        return False
+    return switch(cfg.amp, model_name(cfg), AMP_FASTER)
+
+
+def use_channels_last(cfg: RunConfig, device: torch.device) -> bool:
+    """Whether the conv nets' tensors are kept channels-last: on CUDA only (see ``cfg.channels_last``)."""
+    return device.type == "cuda" and switch(cfg.channels_last, model_name(cfg), CHANNELS_LAST_FASTER)
 
 
 def describe_device(device: torch.device) -> str:

@@ -1,19 +1,12 @@
-"""State a part keeps on the server and sends with the weights: the server-side companion.
+"""What the server sends with the weights for the run's parts, and what a client receives.
 
 Most parts need nothing on the server but the global model. A part that does (FedGF: a
-perturbed global point and a coefficient c, recomputed after every round) declares a
-companion class in its registry entry (``Part.server``). The strategy then, without naming
-the part:
-
-* asks it, before every round, what to send besides the weights (:meth:`ServerCompanion.downlink`:
-  arrays keyed like the model's state dict, and scalar values); the message carries them in
-  the ArrayRecord / ConfigRecord ``downlink`` and the client hands them to the part as a
-  :class:`Received`;
-* shows it, after every round, the weights it sent, the new global model and the accepted
-  replies (:meth:`ServerCompanion.observe`);
-* checkpoints its state with the global model (:meth:`ServerCompanion.state` /
-  :meth:`ServerCompanion.load_state`, as every :class:`fedvls_flwr.algorithms.parts.ServerPart`),
-  so a resumed run continues with the same values.
+perturbed global point and a coefficient c, recomputed after every round) declares a server
+companion in its spec (``Part.server``; the class:
+:class:`fedvls_flwr.algorithms.parts.ServerCompanion`). Before every round the strategy asks
+each companion for its :class:`Downlink` and merges them (:func:`merge_downlinks`); the
+message carries them in the ArrayRecord / ConfigRecord ``downlink``, and the client hands them
+to the run's local optimizer as a :class:`Received`.
 
 Plain numpy on the server and torch on the client; no Flower import.
 """
@@ -26,10 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from fedvls_flwr.algorithms.aggregation import ArrayDict, Reply
-from fedvls_flwr.algorithms.parts import ServerPart
-
-__all__ = ["Downlink", "Received", "ServerCompanion", "merge_downlinks"]
+__all__ = ["Downlink", "Received", "merge_downlinks"]
 
 
 @dataclass
@@ -55,17 +45,6 @@ class Received:
     #: the state-dict names of the local optimizer's parameters, in its order (set by the
     #: training loop), so a part can line ``arrays`` up with them
     param_names: list[str] = field(default_factory=list)
-
-
-class ServerCompanion(ServerPart):
-    """The server side of a client part; the default sends nothing and observes nothing."""
-
-    def downlink(self, server_round: int, global_arrays: ArrayDict) -> Downlink:
-        """What to send with ``global_arrays`` in ``server_round``."""
-        return Downlink()
-
-    def observe(self, server_round: int, sent: ArrayDict, new_global: ArrayDict, replies: list[Reply]) -> None:
-        """The round is over: ``sent`` was broadcast, ``new_global`` is the next global model."""
 
 
 def merge_downlinks(downlinks: Mapping[str, Downlink]) -> Downlink:

@@ -17,14 +17,23 @@ A protocol in stages (docs/methods.md, "FedConcat"):
    ``fedconcat-head-steps`` mini-batches (3 in the authors' code) of one shuffled pass on
    the head only, with a fresh SGD; the server averages the heads unweighted (every client
    took the same number of steps). The concatenated model is evaluated after every round.
-   Each node gets the K encoders once (kept in its state across rounds); a node that joins
-   late, or lost its state, gets them with its next message.
+   Each node gets the K encoders once (the protocol's client state, kept in the node's state
+   across rounds); a node that joins late, or lost its state, gets them with its next message.
 
 Round state (one flat dict of arrays): ``fedconcat/assignment`` (cluster per partition id, -1
 for unknown), ``cluster<k>/<model key>`` in stage 1; ``encoder<k>/<model key>`` and
 ``head/weight``, ``head/bias`` from the end of round E on. The protocol's own state (the
 checkpoint's ``protocol/encoder-rounds``) is E, fixed when the run starts: a run resumed with
 another ``num-server-rounds`` keeps its stage boundary.
+
+Without augmentation (the paper's MNIST setting) a frozen encoder's features of an image are
+the same every head round, so they are computed once per process and reused: a client's for its
+whole training data (:meth:`ConcatModel.features_of`), the server's for each batch of its test
+set (:meth:`ConcatModel.forward_rows`), as long as the encoders stay the same; a head round then
+costs the head's steps. The features are computed in larger batches than a step's (up to
+``eval-batch-size``), so a network whose results depend on the batch they are computed in may
+differ in the last bits from recomputing them per step (tests/test_fedconcat.py compares the
+accuracies).
 
 Differences from the authors' code, on purpose: every cluster starts from a deep copy of
 the same initial model (their list of state dicts shares client 0's tensors, so a cluster
@@ -37,7 +46,8 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping
+import weakref
+from collections.abc import Hashable, Mapping
 from typing import Any
 
 import numpy as np
@@ -45,11 +55,11 @@ import torch
 from torch import nn
 
 from fedvls_flwr.algorithms.aggregation import ArrayDict, Reply, weighted_average
-from fedvls_flwr.algorithms.parts import PartContext
+from fedvls_flwr.algorithms.fedconcat_spec import fedconcat_assignment
+from fedvls_flwr.algorithms.parts import RunContext, StateDict
 from fedvls_flwr.algorithms.rounds import Assignment, ClientOutcome, ClientRound, RoundProtocol, train_as_usual
 from fedvls_flwr.algorithms.sgd import LocalSGD
 from fedvls_flwr.algorithms.training import TrainResult
-from fedvls_flwr.config.protocol_rules import fedconcat_assignment
 from fedvls_flwr.config.settings import ConfigError
 from fedvls_flwr.data.augment import make_batch_transform
 from fedvls_flwr.models import FeatureTap, classifier_of
@@ -61,7 +71,6 @@ ENCODER_ROUNDS = "encoder-rounds"  # the protocol's own state (the checkpoint's 
 HEAD_WEIGHT, HEAD_BIAS = "head/weight", "head/bias"
 STAGE = "fedconcat-stage"  # message config: 1 or 2
 CLUSTER = "fedconcat-cluster"  # message config (stage 1): the node's cluster
-KEPT_ENCODERS = "fedconcat-encoders"  # a node's kept record: the K frozen encoders
 
 
 def encoder_rounds(num_rounds: int, setting: int) -> int:
@@ -90,6 +99,10 @@ def _unprefixed(prefix: str, arrays: Mapping[str, Any]) -> dict[str, Any]:
     return {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
 
 
+#: The most bytes of frozen features a process keeps (beyond it they are recomputed).
+FEATURE_BYTES = 2 * 2**30
+
+
 class ConcatModel(nn.Module):
     """K frozen encoders (whole models whose classifier input is taken) side by side, and one head."""
 
@@ -100,6 +113,47 @@ class ConcatModel(nn.Module):
         for encoder in self.encoders:
             encoder.requires_grad_(False)
         self._taps = [FeatureTap(e) for e in self.encoders]
+        # features kept per input: key -> (a weak reference to the input, its version, the features)
+        self._kept: dict[tuple[Any, ...], tuple[weakref.ref, int, torch.Tensor]] = {}
+        self._kept_bytes = 0
+
+    def _recall(self, source: torch.Tensor, key: tuple[Any, ...]) -> torch.Tensor | None:
+        hit = self._kept.get((id(source), *key))
+        if hit is not None and hit[0]() is source and hit[1] == source._version:
+            return hit[2]
+        return None
+
+    def _keep(self, source: torch.Tensor, key: tuple[Any, ...], features: torch.Tensor) -> None:
+        full = (id(source), *key)
+        for stale in [k for k, (ref, _, _) in self._kept.items() if k == full or ref() is None]:
+            self._kept_bytes -= self._kept.pop(stale)[2].nbytes
+        if self._kept_bytes + features.nbytes <= FEATURE_BYTES:
+            self._kept[full] = (weakref.ref(source), source._version, features)
+            self._kept_bytes += features.nbytes
+
+    @torch.no_grad()
+    def features_of(self, x: torch.Tensor, transform: Any, device: torch.device, batch_size: int) -> torch.Tensor:
+        """The frozen features of every row of ``x`` (a client's training data, transformed by
+        ``transform``, which must not augment), on ``device``: computed once, in batches of
+        ``batch_size``, and kept for as long as ``x`` is not changed and the encoders are these."""
+        key = ("rows", transform.mean, transform.std, str(device))
+        kept = self._recall(x, key)
+        if kept is None:
+            kept = torch.cat([self.features(transform(x[i:i + batch_size].to(device)))
+                              for i in range(0, x.shape[0], batch_size)])
+            self._keep(x, key, kept)
+        return kept
+
+    def forward_rows(self, source: torch.Tensor, start: int, stop: int, batch: Any, tag: Hashable) -> torch.Tensor:
+        """The logits of rows ``start:stop`` of ``source``, ``batch()`` giving them as the model
+        reads them (``tag`` names that transform and device): the frozen features of those rows
+        are kept, so evaluating the same test set again runs the head only."""
+        key = ("slice", start, stop, tag)
+        features = self._recall(source, key)
+        if features is None:
+            features = self.features(batch())
+            self._keep(source, key, features)
+        return self.head(features)
 
     def train(self, mode: bool = True) -> ConcatModel:
         super().train(mode)
@@ -176,18 +230,19 @@ def _concat_model(model: nn.Module, encoders: Mapping[int, Mapping[str, torch.Te
 class FedConcat(RoundProtocol):
     single_model = False
 
-    def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
-        super().__init__(params, context)
-        self.clusters = int(params["fedconcat-clusters"])
-        self.encoder_rounds = encoder_rounds(self.cfg.num_server_rounds, int(params["fedconcat-encoder-rounds"]))
-        self.head_steps = int(params["fedconcat-head-steps"])
-        self.head_init = str(params["fedconcat-head-init"])
-        self.assignment_setting = str(params["fedconcat-assignment"])
+    def __init__(self, settings: Mapping[str, Any], context: RunContext) -> None:
+        super().__init__(settings, context)
+        self.clusters = int(settings["fedconcat-clusters"])
+        self.encoder_rounds = encoder_rounds(self.cfg.num_server_rounds, int(settings["fedconcat-encoder-rounds"]))
+        self.head_steps = int(settings["fedconcat-head-steps"])
+        self.head_init = str(settings["fedconcat-head-init"])
+        self.assignment_setting = str(settings["fedconcat-assignment"])
         self._has_encoders: set[int] = set()  # nodes that hold the frozen encoders (this server's life)
         self._sending_encoders: set[int] = set()
         self._model: nn.Module | None = None
         self.source = "setting" if self.assignment_setting else "k-means"
         self.site_distributions: dict[int, list[float]] = {}
+        self.kept_encoders: StateDict = {}  # a client's: the frozen encoders its node holds
 
     def stage(self, server_round: int) -> int:
         return 1 if server_round <= self.encoder_rounds else 2
@@ -331,17 +386,25 @@ class FedConcat(RoundProtocol):
         }
 
     # ---- client -------------------------------------------------------------------
+    def load_client_state(self, state: StateDict) -> None:
+        """The frozen encoders this node kept (none before they first came)."""
+        self.kept_encoders = dict(state)
+
+    def client_state(self) -> StateDict:
+        """The frozen encoders, kept for the node's next head rounds."""
+        return {k: v.detach().cpu() for k, v in self.kept_encoders.items()}
+
     def client_train(self, step: ClientRound) -> ClientOutcome:
         """Stage 1: the ordinary local training of the cluster's model. Stage 2: the head, over
         the frozen encoders the node keeps."""
         if int(step.config.get(STAGE, 1)) != 2:
             return train_as_usual(step)
         arrays = step.arrays
-        received: dict[str, torch.Tensor] | None = {k: v for k, v in arrays.items() if k.startswith("encoder")}
+        received: dict[str, torch.Tensor] = {k: v for k, v in arrays.items() if k.startswith("encoder")}
         if received:
-            step.kept.put(KEPT_ENCODERS, received)
+            self.kept_encoders = received
         else:
-            received = step.kept.get(KEPT_ENCODERS)
+            received = self.kept_encoders
             if not received:
                 raise RuntimeError("FedConcat stage 2: this node holds no frozen encoders (they come once per node, "
                                    "and its state was lost, e.g. a restarted SuperNode); the server sends them again "
@@ -355,15 +418,21 @@ class FedConcat(RoundProtocol):
         x, y = data.x, data.y
         n = int(x.shape[0])
         transform = make_batch_transform(data.mean, data.std, train=True, augment=cfg.augment, generator=step.generator)
+        # no augmentation: the frozen features of this client's data, once per process (module docstring)
+        features = None if transform.augments else model.features_of(x, transform, device, cfg.eval_batch_size)
         sgd = LocalSGD(model.head.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
         order = torch.randperm(n, generator=step.generator)
         steps = min(self.head_steps, math.ceil(n / cfg.batch_size))
         loss_sum, seen = torch.zeros((), device=device), 0
         for s in range(steps):
             idx = order[s * cfg.batch_size:(s + 1) * cfg.batch_size]
-            xb, yb = transform(x[idx].to(device)), y[idx].to(device)
+            yb = y[idx].to(device)
+            if features is not None:
+                inputs = features[idx.to(features.device)]
+            else:
+                inputs = model.features(transform(x[idx].to(device)))
             sgd.zero_grad()
-            loss = nn.functional.cross_entropy(model.head(model.features(xb)), yb)
+            loss = nn.functional.cross_entropy(model.head(inputs), yb)
             loss.backward()
             sgd.step()
             loss_sum += loss.detach() * idx.shape[0]

@@ -33,14 +33,14 @@ import numpy as np
 import torch
 
 from fedvls_flwr.algorithms.aggregation import ArrayDict, Reply
-from fedvls_flwr.algorithms.downlink import Downlink, Received, ServerCompanion
-from fedvls_flwr.algorithms.local_optim import Closure, driven_sgd, sam_ascent
-from fedvls_flwr.algorithms.parts import PartContext
+from fedvls_flwr.algorithms.downlink import Downlink
+from fedvls_flwr.algorithms.local_optim import Closure, LocalOptimizer, sam_ascent
+from fedvls_flwr.algorithms.parts import LocalOptimizerContext, RunContext, ServerCompanion
 
 __all__ = ["FedGFStep", "FedGFServer"]
 
 
-class FedGFStep:
+class FedGFStep(LocalOptimizer):
     """FedGF's local step: FedSAM's, with the second gradient at c * w_g + (1 - c) * (w + e).
 
     ``received.arrays`` holds w_g by state-dict name (only the entries named in
@@ -50,10 +50,11 @@ class FedGFStep:
     gradient, so no rounding of (w + e) - e enters the step.
     """
 
-    def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
-        self.sgd = sgd = driven_sgd(context)
-        self.rho = float(params["sam-rho"])
-        received = context.received if context.received is not None else Received()
+    def __init__(self, settings: Mapping[str, Any], context: LocalOptimizerContext) -> None:
+        super().__init__(settings, context)
+        sgd = self.sgd
+        self.rho = float(settings["sam-rho"])
+        received = context.received
         self.c = float(received.values.get("c", 0.0))
         self.target: list[torch.Tensor] | None = None
         if received.arrays and self.c != 0.0:
@@ -73,6 +74,25 @@ class FedGFStep:
                     raise ValueError(f"FedGF: perturbed global '{name}' has shape {tuple(t.shape)}, "
                                      f"the parameter {tuple(p.shape)}")
             self.saved = [torch.empty_like(p) for p in sgd.params]
+
+    def graph_signature(self) -> tuple[Any, ...]:
+        """c is a constant of the captured step (an adaptive c takes at most W + 1 values), the
+        perturbed global point a tensor that :meth:`load_round` refreshes."""
+        return (type(self).__name__, self.rho, None if self.target is None else self.c)
+
+    def own_round_tensors(self) -> None:
+        """Hold a copy of this round's perturbed global point (a graphed step keeps this step
+        across rounds and refreshes the copy with :meth:`load_round`)."""
+        if self.target is not None:
+            self.target = [t.detach().clone() for t in self.target]
+
+    def load_round(self, other: LocalOptimizer) -> None:
+        """Copy this round's perturbed global point into the tensors the captured step reads."""
+        if not isinstance(other, FedGFStep) or other.graph_signature() != self.graph_signature():
+            raise ValueError(f"cannot load a FedGF step of {other.graph_signature()} into {self.graph_signature()}")
+        if self.target is not None and other.target is not None:
+            with torch.no_grad():
+                torch._foreach_copy_(self.target, other.target)
 
     def step(self, closure: Closure) -> torch.Tensor:
         terms = closure()
@@ -116,13 +136,13 @@ class FedGFServer(ServerCompanion):
     ``last_divergence`` is the latest D; each round reports it with the c its clients used.
     """
 
-    def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
-        super().__init__(params, context)
-        self.rho_g = float(params["fedgf-rho-g"])
-        self.fixed_c = float(params["fedgf-c"])
-        self.adaptive = params["fedgf-c-mode"] == "adaptive"
-        self.threshold = float(params["fedgf-threshold"])
-        self.window_size = int(params["fedgf-window"])
+    def __init__(self, settings: Mapping[str, Any], context: RunContext) -> None:
+        super().__init__(settings, context)
+        self.rho_g = float(settings["fedgf-rho-g"])
+        self.fixed_c = float(settings["fedgf-c"])
+        self.adaptive = settings["fedgf-c-mode"] == "adaptive"
+        self.threshold = float(settings["fedgf-threshold"])
+        self.window_size = int(settings["fedgf-window"])
         self.perturbed: ArrayDict = {}  # w_g, in the model's dtypes (what is sent)
         self.window: list[int] = []  # the last W indicators [D > T_D]
         self.c = 0.0

@@ -11,7 +11,7 @@ frozen encoders. The strategy runs any protocol through the hooks below and name
   later the encoders and the head. The checkpoint holds it, beside what the protocol fixed
   when the run started (:meth:`RoundProtocol.state`, as every server part's);
 * :meth:`RoundProtocol.initial_state` builds it before round 1, from the fresh model and
-  the per-site statistics the protocol declares in its registry entry (``Part.shares``),
+  the per-site statistics the protocol declares in its spec (``Part.shares``),
   which the server asks the sites for once;
 * :meth:`RoundProtocol.plan` says, per sampled node, what its message carries
   (:class:`Assignment`: arrays, extra config, the group its reply joins, the layout its
@@ -21,7 +21,9 @@ frozen encoders. The strategy runs any protocol through the hooks below and name
 * :meth:`RoundProtocol.evaluation_model` gives the model to test (None: nothing to test);
 * :meth:`RoundProtocol.client_train` is the client's side of a training message
   (:class:`ClientRound` in, :class:`ClientOutcome` out): the standard protocol's is the
-  ordinary local training, and FedConcat's stage 1 is the same.
+  ordinary local training, and FedConcat's stage 1 is the same. What the protocol keeps on a
+  node between rounds (FedConcat's frozen encoders) is its client state
+  (:meth:`RoundProtocol.load_client_state` / :meth:`RoundProtocol.client_state`).
 
 Plain numpy and torch; no Flower import.
 """
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -38,14 +40,14 @@ from torch import nn
 
 from fedvls_flwr.algorithms.aggregation import ArrayDict, Reply, weighted_average
 from fedvls_flwr.algorithms.downlink import Received
-from fedvls_flwr.algorithms.parts import PartContext, ServerPart
-from fedvls_flwr.algorithms.training import ClientState, TrainResult, train_local
+from fedvls_flwr.algorithms.parts import ClientState, RunContext, ServerPart, StateDict, build_part, keeps_nothing
+from fedvls_flwr.algorithms.training import TrainResult, train_local
 
 if TYPE_CHECKING:
     from fedvls_flwr.config.run_config import RunConfig
     from fedvls_flwr.data.node_data import ClientData
 
-__all__ = ["Assignment", "ClientOutcome", "ClientRound", "RoundProtocol", "StandardRounds"]
+__all__ = ["Assignment", "ClientOutcome", "ClientRound", "RoundProtocol", "StandardRounds", "build_protocol"]
 
 
 @dataclass
@@ -62,23 +64,15 @@ class Assignment:
     reply_layout: ArrayDict | None = None
 
 
-class Kept(Protocol):
-    """Named sets of arrays a node keeps across rounds (Flower's ``Context.state`` in the ClientApp)."""
-
-    def get(self, name: str) -> dict[str, torch.Tensor] | None: ...
-
-    def put(self, name: str, arrays: dict[str, torch.Tensor]) -> None: ...
-
-
 @dataclass
 class ClientRound:
     """One training message, as a client's protocol step sees it.
 
     ``arrays``: what the message carries (the weights; FedConcat's head and encoders);
     ``config``: the message's config (the run config, the round, the protocol's own keys);
-    ``state``: what the client keeps across rounds for the local training (MOON's previous
-    model, carried momentum), updated in place; ``kept``: named arrays a protocol keeps on the
-    node across rounds; ``received``: what the run's server companions sent.
+    ``state``: what the local training's parts keep on the node across rounds (MOON's previous
+    model, carried momentum), read and updated in place; ``received``: what the run's server
+    companions sent.
     """
 
     arrays: Mapping[str, torch.Tensor]
@@ -89,7 +83,6 @@ class ClientRound:
     device: torch.device
     generator: torch.Generator
     state: ClientState
-    kept: Kept
     received: Received = field(default_factory=Received)
 
 
@@ -120,10 +113,8 @@ class RoundProtocol(ServerPart):
     #: drift diversity and the server companions apply to it).
     single_model: bool = True
 
-    def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
-        super().__init__(params, context)
-        if context.run is None:
-            raise ValueError("a protocol is built for a run: PartContext(run=...) is needed")
+    def __init__(self, settings: Mapping[str, Any], context: RunContext) -> None:
+        super().__init__(settings, context)
         self.cfg: RunConfig = context.run
 
     # ---- server -------------------------------------------------------------------
@@ -170,7 +161,21 @@ class RoundProtocol(ServerPart):
         """A client's side of a training message: the ordinary local training."""
         return train_as_usual(step)
 
+    def load_client_state(self, state: StateDict) -> None:
+        """What the protocol kept on this node in its last round (empty the first time); the
+        default keeps nothing."""
+        keeps_nothing(self, state)
+
+    def client_state(self) -> StateDict:
+        """What the protocol keeps on this node for its next round; the default nothing."""
+        return {}
+
 
 class StandardRounds(RoundProtocol):
     """One global model; every sampled client trains it (every method but FedConcat)."""
 
+
+def build_protocol(values: Mapping[str, Any], context: RunContext) -> RoundProtocol:
+    """The protocol a run config (``values``) selects: its server side, and on a client the step
+    it takes with each training message."""
+    return build_part("protocol", values, context, RoundProtocol)

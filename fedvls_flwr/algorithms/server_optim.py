@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 
 from fedvls_flwr.algorithms.aggregation import ArrayDict, Reply
-from fedvls_flwr.algorithms.parts import PartContext, ServerPart
+from fedvls_flwr.algorithms.parts import RunContext, ServerPart, build_part
 
-__all__ = ["ServerOptimizer", "Average", "FedExP", "FedAvgM", "FedAdam", "FedYogi", "FedAdagrad"]
+__all__ = ["ServerOptimizer", "Average", "FedExP", "FedAvgM", "FedAdam", "FedYogi", "FedAdagrad", "build_server_optimizer"]
 
 
 def float_keys(arrays: ArrayDict) -> list[str]:
@@ -52,6 +52,10 @@ class ServerOptimizer(ServerPart):
         return new_global
 
 
+def build_server_optimizer(values: Mapping[str, Any], context: RunContext) -> ServerOptimizer:
+    """The server optimizer a run config (``values``) selects."""
+    return build_part("server-optimizer", values, context, ServerOptimizer)
+
 
 class Average(ServerOptimizer):
     """FedAvg: the next global model is the average."""
@@ -73,10 +77,10 @@ class FedExP(ServerOptimizer):
     paper evaluates.
     """
 
-    def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
-        super().__init__(params, context)
-        self.eps = float(params["fedexp-eps"])
-        self.average_last_two = params["fedexp-eval"] == "average-last-two"
+    def __init__(self, settings: Mapping[str, Any], context: RunContext) -> None:
+        super().__init__(settings, context)
+        self.eps = float(settings["fedexp-eps"])
+        self.average_last_two = settings["fedexp-eval"] == "average-last-two"
         self.previous: ArrayDict = {}  # w_{t-1}, for the evaluation average
         self.last_step_size = float("nan")
 
@@ -124,10 +128,10 @@ class FedAvgM(ServerOptimizer):
     operation, in each array's dtype; ``tests/test_server_optim.py`` runs both side by side.
     """
 
-    def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
-        super().__init__(params, context)
-        self.lr = float(params["fedavgm-lr"])
-        self.momentum = float(params["fedavgm-momentum"])
+    def __init__(self, settings: Mapping[str, Any], context: RunContext) -> None:
+        super().__init__(settings, context)
+        self.lr = float(settings["fedavgm-lr"])
+        self.momentum = float(settings["fedavgm-momentum"])
         self.velocity: list[np.ndarray] | None = None  # one per floating-point array, in key order
 
     def step(self, server_round: int, global_arrays: ArrayDict, average: ArrayDict, replies: list[Reply]) -> ArrayDict:
@@ -165,13 +169,13 @@ class AdaptiveOptimizer(ServerOptimizer):
 
     rule = ""  # "adam", "yogi" or "adagrad"
 
-    def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
-        super().__init__(params, context)
+    def __init__(self, settings: Mapping[str, Any], context: RunContext) -> None:
+        super().__init__(settings, context)
         prefix = f"fed{self.rule}-"
-        self.eta = float(params[prefix + "eta"])
-        self.tau = float(params[prefix + "tau"])
-        self.beta1 = float(params.get(prefix + "beta1", 0.0))
-        self.beta2 = float(params.get(prefix + "beta2", 0.0))
+        self.eta = float(settings[prefix + "eta"])
+        self.tau = float(settings[prefix + "tau"])
+        self.beta1 = float(settings.get(prefix + "beta1", 0.0))
+        self.beta2 = float(settings.get(prefix + "beta2", 0.0))
         self.m_t: ArrayDict = {}
         self.v_t: ArrayDict = {}
 

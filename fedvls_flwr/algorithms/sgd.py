@@ -31,6 +31,33 @@ class LocalSGD:
         self.params = [p for p in params if p.requires_grad]
         self.lr, self.momentum, self.weight_decay = float(lr), float(momentum), float(weight_decay)
         self.buffers: list[torch.Tensor | None] = [None] * len(self.params)
+        #: the buffers are allocated once and overwritten in place (a CUDA graph's step reads them
+        #: at fixed addresses): :meth:`hold_buffers`
+        self.static = False
+
+    def hold_buffers(self) -> None:
+        """Allocate the momentum buffers now, as zeros, to be overwritten in place from here on
+        (SGD's first step from a zero buffer, ``0 * m + g``, is a fresh optimizer's ``buf = g``)."""
+        self.buffers = [torch.zeros_like(p) for p in self.params]
+        self.static = True
+
+    def load_momentum(self, carried: list[torch.Tensor | None] | None) -> None:
+        """Start from ``carried`` momentum buffers (a buffer None: its parameter never had a
+        gradient), or fresh ones (None). Held buffers (:meth:`hold_buffers`) are overwritten in
+        place, a fresh one with zeros; otherwise the carried ones move to the parameters' device."""
+        if carried is not None and len(carried) != len(self.params):
+            raise ValueError(f"carried momentum has {len(carried)} buffers, the model {len(self.params)}")
+        if self.static:
+            with torch.no_grad():
+                for i, buf in enumerate(self.buffers):
+                    assert buf is not None
+                    saved = None if carried is None else carried[i]
+                    if saved is None:
+                        buf.zero_()
+                    else:
+                        buf.copy_(saved)
+        elif carried is not None:
+            self.buffers = [None if b is None else b.to(p.device) for b, p in zip(carried, self.params)]
 
     def zero_grad(self) -> None:
         for p in self.params:

@@ -13,12 +13,12 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from fedvls_flwr.algorithms.device import describe_device, peak_gpu_memory, set_deterministic
+from fedvls_flwr.algorithms.device import describe_device, peak_gpu_memory, set_deterministic, use_amp
 from fedvls_flwr.algorithms.downlink import Received
-from fedvls_flwr.algorithms.parts import PartContext, build_part
-from fedvls_flwr.algorithms.rounds import ClientRound
+from fedvls_flwr.algorithms.parts import ClientState, RunContext
+from fedvls_flwr.algorithms.rounds import ClientRound, build_protocol
 from fedvls_flwr.algorithms.run_model import build_run_model
-from fedvls_flwr.algorithms.training import ClientState, evaluate, resolve_device, to_device
+from fedvls_flwr.algorithms.training import evaluate, resolve_device, to_device
 from fedvls_flwr.app import keys
 from fedvls_flwr.app.events import CLIENT_DATA, emit
 from fedvls_flwr.app.messages import MetricValue, array_values, arrays_in, config_in, integer
@@ -43,45 +43,26 @@ def torch_state_dict(record: ArrayRecord) -> dict[str, torch.Tensor]:
     return {key: torch.from_numpy(array_values(arr)) for key, arr in record.items()}
 
 
-class KeptArrays:
-    """Named sets of arrays a node keeps across rounds in Flower's ``Context.state`` (FedConcat's
-    frozen encoders); ``record`` None (no state given) keeps nothing."""
-
-    def __init__(self, record: RecordDict | None) -> None:
-        self.record = record
-
-    def get(self, name: str) -> dict[str, torch.Tensor] | None:
-        if self.record is None or name not in self.record.array_records:
-            return None
-        return torch_state_dict(arrays_in(self.record, name))
-
-    def put(self, name: str, arrays: dict[str, torch.Tensor]) -> None:
-        if self.record is not None:
-            self.record[name] = ArrayRecord({k: v.detach().cpu() for k, v in arrays.items()})
-
-
 def load_client_state(record: RecordDict | None) -> ClientState:
-    """What this client kept from its previous rounds (empty the first time)."""
+    """What this node's parts kept in its previous rounds (empty the first time, or without a
+    record): one ArrayRecord per kind of part in the node's ``Context.state``."""
     state = ClientState()
     if record is None:
         return state
-    if keys.STATE_PREVIOUS_MODEL in record.array_records:
-        state.previous_model = torch_state_dict(arrays_in(record, keys.STATE_PREVIOUS_MODEL))
-    if keys.STATE_MOMENTUM in record.array_records:
-        saved = arrays_in(record, keys.STATE_MOMENTUM)
-        count = integer(config_in(record, keys.STATE_MOMENTUM + "-count")["count"])
-        state.momentum = [torch.from_numpy(array_values(saved[str(i)])) if str(i) in saved else None for i in range(count)]
+    for name in record.array_records:
+        if name.startswith(keys.CLIENT_STATE):
+            state.keep(name[len(keys.CLIENT_STATE):], torch_state_dict(arrays_in(record, name)))
     return state
 
 
 def save_client_state(record: RecordDict, state: ClientState) -> None:
-    if state.previous_model is not None:
-        record[keys.STATE_PREVIOUS_MODEL] = ArrayRecord(state.previous_model)
-    if state.momentum is not None:
-        record[keys.STATE_MOMENTUM] = ArrayRecord(
-            {str(i): b for i, b in enumerate(state.momentum) if b is not None}
-        )
-        record[keys.STATE_MOMENTUM + "-count"] = ConfigRecord({"count": len(state.momentum)})
+    """``state`` into the node's ``Context.state``, in place of what it held: a kind whose part
+    keeps nothing now has its record removed."""
+    for name in [n for n in record.array_records if n.startswith(keys.CLIENT_STATE)]:
+        if name[len(keys.CLIENT_STATE):] not in state.kept:
+            del record[name]
+    for kind, kept in state.kept.items():
+        record[keys.CLIENT_STATE + kind] = ArrayRecord({k: v.detach().cpu() for k, v in kept.items()})
 
 
 def received_downlink(content: RecordDict, device: torch.device) -> Received:
@@ -120,11 +101,12 @@ def train_round(content: RecordDict, node_config: dict[str, Any], client_state: 
     generator = torch.Generator().manual_seed(seed)
     state = load_client_state(client_state)
     step = ClientRound(arrays=received, config=config, cfg=cfg, data=data, model_factory=new_model, device=device,
-                       generator=generator, state=state, kept=KeptArrays(client_state),
-                       received=received_downlink(content, device))
-    protocol = build_part("protocol", cfg.to_flower(), PartContext(run=cfg))
+                       generator=generator, state=state, received=received_downlink(content, device))
+    protocol = build_protocol(cfg.to_flower(), RunContext(cfg))
+    protocol.load_client_state(state.of("protocol"))
     with peak_gpu_memory(device) as peak_mb:
         outcome = protocol.client_train(step)
+    state.keep("protocol", protocol.client_state())
     if client_state is not None:
         save_client_state(client_state, state)
     result = outcome.result
@@ -185,7 +167,7 @@ def evaluate_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDi
         model.load_state_dict(torch_state_dict(arrays_in(content, keys.ARRAYS)), strict=True)
         res = evaluate(
             model, data.test_x, data.test_y, data.num_classes, device=device,
-            batch_size=cfg.eval_batch_size, mean=data.mean, std=data.std, amp=cfg.amp,
+            batch_size=cfg.eval_batch_size, mean=data.mean, std=data.std, amp=use_amp(cfg, device),
         )
         total = torch.bincount(data.test_y, minlength=data.num_classes)
         correct = [0 if n == 0 else round(a * n) for a, n in zip(res.per_class_accuracy, total.tolist())]

@@ -8,10 +8,11 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from fedvls_flwr.app.client import evaluate_round, naming_the_site, query_round, train_round
-from fedvls_flwr.app.known_warnings import hide_rays_accelerator_tip
+from fedvls_flwr.app.known_warnings import hide_rays_accelerator_tip, quiet_in_ray_actors
 from fedvls_flwr.app.supernode_guard import guard_supernode
 
 hide_rays_accelerator_tip()  # in simulation Flower loads this module before it starts Ray
+quiet_in_ray_actors()  # a simulation's actor: no line after the run's last (module docstring there)
 
 app = ClientApp(mods=[guard_supernode])  # deployment: stop training for a SuperNode that was killed
 

@@ -50,6 +50,7 @@ NODE = "node"  # where the client ran: "ray:<Ray node id>" in a Ray actor, else 
 #: (the round reports the largest, the figure to size client-resources-num-gpus by).
 NOT_AVERAGED = (PARTITION_ID, PEAK_GPU_MB)
 
-# a client's Context.state between rounds (methods that keep state; optimizer-state = carry)
-STATE_PREVIOUS_MODEL = "fedvls-previous-model"  # ArrayRecord: the model after the last local training
-STATE_MOMENTUM = "fedvls-momentum"  # ArrayRecord: momentum buffer i under key str(i)
+# a node's Context.state between rounds: one ArrayRecord per kind of part that keeps something
+# ("fedvls-state/method": MOON's previous model; "fedvls-state/local-optimizer": carried momentum;
+# "fedvls-state/protocol": FedConcat's frozen encoders), the part's own state dict
+CLIENT_STATE = "fedvls-state/"

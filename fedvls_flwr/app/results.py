@@ -4,16 +4,25 @@ Every file is replaced atomically (write a temporary file, fsync, rename), so a 
 leaves the previous complete version, never half a file. A failed write (a full disk)
 raises OSError naming the file it was writing.
 
+A run folder has one owner: :class:`RunFolderLock` (``run.lock``), held by the ServerApp
+for the run's life on every engine, so a second run on the same folder is refused at once,
+naming the run that holds it.
+
 :func:`read_resume_point` reads what ``resume = true`` continues from, and says which
 file is damaged and what to do when the folder cannot be resumed as it is.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import math
 import os
+import socket
+import sys
 import tempfile
+import time
 import zipfile
 from collections import Counter
 from dataclasses import dataclass, field
@@ -22,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedvls_flwr.config.part_settings import unread_settings
 from fedvls_flwr.config.settings import ConfigError, edit_distance
+from fedvls_flwr.config.unread import unread_settings
 
 if TYPE_CHECKING:
     from fedvls_flwr.config.run_config import RunConfig
@@ -49,6 +58,10 @@ RESUMABLE_CHANGES = frozenset({
 
 class RunFolderError(ValueError):
     """A run folder that cannot be resumed as it is; the message names the file and what to do."""
+
+
+class RunFolderBusy(RunFolderError):
+    """Another run holds the run folder (its :class:`RunFolderLock`); the message names it."""
 
 
 def _jsonable(value: Any) -> Any:
@@ -319,6 +332,19 @@ def read_resume_point(run_dir: Path, config: dict[str, Any]) -> ResumePoint:
     """
     run_dir = Path(run_dir)
     notes: list[str] = []
+    _check_same_settings(run_dir, config, notes)
+    state_round, state_why = _state_round(run_dir / STATE_FILE)
+    ck_round, arrays = _load_checkpoint_for_resume(run_dir / CHECKPOINT_FILE, state_round)
+    records, bad = _read_rounds_for_resume(run_dir / ROUNDS_FILE)
+    done = _completed_round(run_dir, ck_round, state_round, state_why, records, notes)
+    _check_not_past_the_end(run_dir, config, done)
+    kept = _rounds_up_to(run_dir / ROUNDS_FILE, done, records, bad, notes)
+    return ResumePoint(done, arrays, kept, notes)
+
+
+def _check_same_settings(run_dir: Path, config: dict[str, Any], notes: list[str]) -> None:
+    """The run config a run is resumed with must be the one it was started with, but for what
+    may change (:data:`RESUMABLE_CHANGES`) and the settings nothing in the run reads."""
     saved, note = _saved_config(run_dir)
     if note:
         notes.append(note)
@@ -333,14 +359,20 @@ def read_resume_point(run_dir: Path, config: dict[str, Any]) -> ResumePoint:
             "torch-threads, output-dir, run-name and tracking may change), or start a new run-name"
         )
 
-    checkpoint = run_dir / CHECKPOINT_FILE
-    state_path = run_dir / STATE_FILE
-    rounds_path = run_dir / ROUNDS_FILE
+
+def _state_round(state_path: Path) -> tuple[int | None, str | None]:
+    """The round state.json names (None if it names none) and why it names none."""
     state, state_why = _read_json_file(state_path)
     state_round = state.get("round") if isinstance(state, dict) else None
     if not isinstance(state_round, int) or isinstance(state_round, bool) or state_round < 0:
         state_why = state_why or f"not a JSON object with a round number ({str(state)[:80]!r})"
         state_round = None
+    return state_round, state_why
+
+
+def _load_checkpoint_for_resume(checkpoint: Path, state_round: int | None) -> tuple[int | None, dict[str, np.ndarray]]:
+    """The checkpoint's round (None if it records none) and its arrays; a missing or damaged
+    checkpoint ends the resume, naming what is lost and what is intact."""
     if not checkpoint.exists():
         raise RunFolderError(
             f"resume: {checkpoint} is missing (state.json says round {state_round}); the global model "
@@ -348,7 +380,7 @@ def read_resume_point(run_dir: Path, config: dict[str, Any]) -> ResumePoint:
             "from a copy of the folder, or start a new run (another run-name)."
         )
     try:
-        ck_round, arrays = load_checkpoint(checkpoint)
+        return load_checkpoint(checkpoint)
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as err:
         # np.load: BadZipFile (a truncated .npz), ValueError/EOFError (a damaged member)
         last = "an unknown round" if state_round is None else f"round {state_round}"
@@ -359,7 +391,12 @@ def read_resume_point(run_dir: Path, config: dict[str, Any]) -> ResumePoint:
             "folder, or start the run again (another run-name)."
         ) from None
 
-    records, bad = _read_rounds_for_resume(rounds_path)
+
+def _completed_round(run_dir: Path, ck_round: int | None, state_round: int | None, state_why: str | None,
+                     records: list[dict[str, Any]], notes: list[str]) -> int:
+    """The last completed round: the checkpoint's (state.json stale by one round, or unreadable,
+    is noted), else state.json's; files from different points of the run end the resume."""
+    checkpoint, state_path = run_dir / CHECKPOINT_FILE, run_dir / STATE_FILE
     if ck_round is not None:
         done = ck_round
         if state_round is None:
@@ -375,19 +412,22 @@ def read_resume_point(run_dir: Path, config: dict[str, Any]) -> ResumePoint:
                 "the files come from different points of the run (a partial copy?). Restore the "
                 "folder from one consistent copy, or start a new run (another run-name)."
             )
-    elif state_round is not None:
-        done = state_round
-    else:
-        last_round = max((r["round"] for r in records), default=None)
-        raise RunFolderError(
-            f"resume: {state_path} is {state_why}, and {checkpoint} "
-            "does not record its round, so which round it holds cannot be established safely"
-            + (f" (rounds.jsonl ends with round {last_round}, but the server may have stopped before that "
-               "round's checkpoint). If you know the checkpoint holds round N, write "
-               '{"round": N} into state.json' if last_round is not None else ". Restore state.json")
-            + "; otherwise start a new run (another run-name)."
-        )
+        return done
+    if state_round is not None:
+        return state_round
+    last_round = max((r["round"] for r in records), default=None)
+    raise RunFolderError(
+        f"resume: {state_path} is {state_why}, and {checkpoint} "
+        "does not record its round, so which round it holds cannot be established safely"
+        + (f" (rounds.jsonl ends with round {last_round}, but the server may have stopped before that "
+           "round's checkpoint). If you know the checkpoint holds round N, write "
+           '{"round": N} into state.json' if last_round is not None else ". Restore state.json")
+        + "; otherwise start a new run (another run-name)."
+    )
 
+
+def _check_not_past_the_end(run_dir: Path, config: dict[str, Any], done: int) -> None:
+    """A run does not go back: resuming with fewer rounds than it completed is refused."""
     asked = config.get("num-server-rounds")
     if isinstance(asked, int) and done > asked:
         raise RunFolderError(
@@ -395,6 +435,12 @@ def read_resume_point(run_dir: Path, config: dict[str, Any]) -> ResumePoint:
             f"a run does not go back. To train it further, resume with num-server-rounds > {done}; for a "
             f"{asked}-round result start a new run-name (this run's rounds 1..{asked} are in its {ROUNDS_FILE})"
         )
+
+
+def _rounds_up_to(rounds_path: Path, done: int, records: list[dict[str, Any]], bad: list[int],
+                  notes: list[str]) -> list[dict[str, Any]]:
+    """rounds.jsonl's records of rounds 0..done, which must all be there, in order and
+    readable; torn or later lines after them are noted (their rounds run again)."""
     kept = [r for r in records if r["round"] <= done]
     got = [r["round"] for r in kept]
     if got != list(range(done + 1)):
@@ -419,4 +465,214 @@ def read_resume_point(run_dir: Path, config: dict[str, Any]) -> ResumePoint:
     later = [r["round"] for r in records if r["round"] > done]
     if later:
         notes.append(f"{ROUNDS_FILE} round(s) {later} came after the checkpoint's round {done} and are run again")
-    return ResumePoint(done, arrays, [{k: v for k, v in r.items() if k != "_line"} for r in kept], notes)
+    return [{k: v for k, v in r.items() if k != "_line"} for r in kept]
+
+
+# ---------------------------------------------------------------------------------------
+# one run per run folder
+# ---------------------------------------------------------------------------------------
+LOCK_FILE = "run.lock"
+
+
+@dataclass(frozen=True)
+class LockHolder:
+    """Who holds a run folder, as its lock file says: enough to find the process and stop it."""
+
+    pid: int
+    host: str
+    started: str  # UTC, "2026-11-27 17:40:03 UTC"
+    command: str
+
+    def describe(self) -> str:
+        return f"pid {self.pid} on host {self.host}, started {self.started}, command: {self.command}"
+
+    def on_this_host(self) -> bool:
+        return self.host == socket.gethostname()
+
+    def gone(self) -> bool:
+        """Whether the holder is known to have ended: a process of this host that no longer runs.
+        A holder on another host cannot be seen from here: never called gone."""
+        return self.on_this_host() and not _pid_alive(self.pid)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    try:  # a zombie (ended, not yet reaped by its parent) holds nothing
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _this_command() -> str:
+    """This process's command line, arguments holding spaces in double quotes (cut to 300 characters)."""
+    try:
+        args = [a.decode(errors="replace") for a in Path("/proc/self/cmdline").read_bytes().split(b"\0") if a]
+    except OSError:
+        args = [sys.executable, *sys.argv]
+    text = " ".join(f'"{a}"' if not a or any(c.isspace() for c in a) else a for a in args) or "?"
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def read_lock_holder(run_dir: Path) -> LockHolder | None:
+    """What ``run.lock`` of ``run_dir`` says (None: no lock file, or one that names nobody)."""
+    try:
+        data = json.loads((Path(run_dir) / LOCK_FILE).read_text())
+        return LockHolder(int(data["pid"]), str(data["host"]), str(data["started"]), str(data["command"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _flock(fd: int) -> bool | None:
+    """Try to lock ``fd`` exclusively: True taken, False held by another process, None when the
+    filesystem cannot lock (some network or FUSE filesystems)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    except OSError as err:
+        if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return False
+        if err.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            return None
+        raise
+
+
+def lock_holder(run_dir: Path) -> LockHolder | None:
+    """The run that holds ``run_dir`` now, without taking it (``fedvls check``, a sweep's plan);
+    None when the folder is free or its lock was left by a run that ended."""
+    path = Path(run_dir) / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        taken = _flock(fd)
+        if taken:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        holder = read_lock_holder(run_dir)
+        if taken is None and (holder is None or holder.gone()):
+            return None
+        return holder or LockHolder(0, "?", "?", "? (run.lock names nobody)")
+    finally:
+        os.close(fd)
+
+
+def busy_message(run_dir: Path, holder: LockHolder | None, resume: bool = False, unlockable: bool = False) -> str:
+    """The refusal of a run whose folder ``holder`` holds: who it is and what to do."""
+    path = Path(run_dir) / LOCK_FILE
+    who = holder.describe() if holder is not None else "a process that has not yet written its name"
+    if holder is not None and not holder.on_this_host():
+        fix = (f"wait for it to end, or stop it on {holder.host} (kill {holder.pid}); if that run is no "
+               f"longer going (its machine stopped), delete {path}")
+    elif holder is not None:
+        fix = f"wait for it to end, or stop it (kill {holder.pid}: what it saved is kept)"
+    else:
+        fix = "wait for it to end"
+    if unlockable:
+        fix += " (this filesystem cannot lock files: the lock file's content decides)"
+    if resume:
+        return (f"resume: the run in {run_dir} is still going ({who}); resume it once it has stopped: {fix}. "
+                "One run folder, one run")
+    return (f"run folder {run_dir} is in use by another run ({who}); {fix}; or give this run another "
+            "run-name / output-dir. One run folder, one run")
+
+
+class RunFolderLock:
+    """One run per run folder, for the run's life: ``run.lock`` in the folder, locked with
+    ``flock`` and naming its holder (pid, host, start time, command).
+
+    ``flock`` is released by the kernel when the process ends, however it ends (SIGKILL, a
+    crash): a lock file left behind is recognised as stale because it can be locked again, and
+    taken over with a note (``took_over``) naming the run that left it. On a shared filesystem
+    (NFS) ``flock`` is a lock the server keeps for every host that mounts it, so a run on another
+    host is refused too. Where the filesystem cannot lock at all, the file's own content
+    decides: a holder on this host that no longer runs is taken over; one on another host is
+    refused, with how to clear it if that run is gone (its host cannot be asked from here).
+
+    ``RunFolderLock.last_taken``: the run folder this process locked last (what an interrupted
+    ``fedvls run`` names as kept).
+    """
+
+    last_taken: Path | None = None
+
+    def __init__(self, run_dir: Path, what: str = "", resume: bool = False) -> None:
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOCK_FILE
+        self.what = what  # e.g. "Flower run 123": said with the command to whoever is refused
+        self.resume = resume  # the refusal then says that the run to resume is still going
+        self.took_over: LockHolder | None = None
+        self._fd: int | None = None
+        self._made_folder = False
+
+    def acquire(self) -> RunFolderLock:
+        """Take the folder, or raise :class:`RunFolderBusy` naming the run that holds it."""
+        self._made_folder = not self.run_dir.exists()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        refused = 0
+        for _ in range(40):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            taken = _flock(fd)
+            if taken is False:
+                os.close(fd)
+                refused += 1
+                if refused < 10:  # a probe (lock_holder) holds it for microseconds; a run, for its life
+                    time.sleep(0.05)
+                    continue
+                raise RunFolderBusy(busy_message(self.run_dir, read_lock_holder(self.run_dir), self.resume))
+            try:
+                same_file = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same_file = False
+            if not same_file:  # released and removed by its holder after we opened it: open the new one
+                os.close(fd)
+                continue
+            previous = read_lock_holder(self.run_dir)
+            if taken is None and previous is not None and not previous.gone() and previous.pid != os.getpid():
+                os.close(fd)
+                raise RunFolderBusy(busy_message(self.run_dir, previous, self.resume, unlockable=True))
+            self.took_over = previous if previous is not None and previous.pid != os.getpid() else None
+            started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+            command = _this_command() + (f" ({self.what})" if self.what else "")
+            record = {"pid": os.getpid(), "host": socket.gethostname(), "started": started, "command": command}
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+            os.fsync(fd)
+            self._fd = fd
+            RunFolderLock.last_taken = self.run_dir
+            return self
+        raise RunFolderBusy(f"run folder {self.run_dir}: {self.path} keeps being replaced by other runs; "
+                            "stop them first")
+
+    def took_over_note(self) -> str | None:
+        """What to log when the lock was left by a run that ended without releasing it."""
+        if self.took_over is None:
+            return None
+        return (f"run folder {self.run_dir}: took over the lock left by a run that no longer runs "
+                f"({self.took_over.describe()}); it was stopped without releasing the folder (killed?)")
+
+    def release(self) -> None:
+        """Remove the lock file and let go (the file goes first: whoever opened it meanwhile sees
+        it replaced and starts over)."""
+        if self._fd is None:
+            return
+        try:
+            self.path.unlink(missing_ok=True)
+            if self._made_folder:  # a run that stopped before writing anything leaves no empty folder
+                self.run_dir.rmdir()
+        except OSError:  # not empty: the run's files stay
+            pass
+        os.close(self._fd)
+        self._fd = None
+
+    def __enter__(self) -> RunFolderLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

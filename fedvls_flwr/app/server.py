@@ -26,17 +26,23 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from fedvls_flwr.algorithms.batchnorm import feature_map_problem, smallest_batchnorm_map
-from fedvls_flwr.algorithms.device import gpu_left_unused, set_deterministic
+from fedvls_flwr.algorithms.device import gpu_left_unused, set_deterministic, use_amp
 from fedvls_flwr.algorithms.diagnostics import local_update_view
 from fedvls_flwr.algorithms.run_model import build_run_model
 from fedvls_flwr.algorithms.training import evaluate, resolve_device
 from fedvls_flwr.app.events import ROUND_END, emit
 from fedvls_flwr.app.messages import is_simulation, runs_on_ray, to_array_record, to_numpy_dict
-from fedvls_flwr.app.ray_address import check_ray_address, ray_address
+from fedvls_flwr.app.ray_address import (
+    check_ray_address,
+    ray_address,
+    simulation_federation,
+    simulation_room_problem,
+)
 from fedvls_flwr.app.results import (
     CONFIG_FILE,
     RESUMABLE_CHANGES,
     STATE_FILE,
+    RunFolderLock,
     RunWriter,
     atomic_write_json,
     holds_run,
@@ -70,8 +76,6 @@ def run_dir_for(cfg: RunConfig) -> Path:
 
 def _resume_point(cfg: RunConfig, run_dir: Path) -> tuple[int, dict | None, list[dict]]:
     """(last completed round, its global arrays, its rounds) of a run folder, or (0, None, [])."""
-    if cfg.resume and (missing := missing_run_folder(run_dir)):
-        raise ConfigError(missing)  # (server_app says it before any heavy import; run_experiment's callers here)
     if not cfg.resume or not holds_run(run_dir):
         if cfg.resume:
             log(WARNING, "resume = true but %s holds no checkpoint; starting from round 1", run_dir)
@@ -105,9 +109,28 @@ def _write_failed(err: OSError, cfg: RunConfig, run_dir: Path, saved_round: int,
     return ResultsWriteError(f"could not write {path}: {err.strerror or err}. {safe}")
 
 
-def run_experiment(grid: Grid, cfg: RunConfig) -> Path:
-    """Run every round of ``cfg`` on ``grid``; returns the run folder."""
-    return ServerRun(grid, cfg).run()
+def _flower_run(grid: Grid, run_id: int | None) -> str:
+    """How a refused run should name this one, beside its process: the Flower run (``flwr stop``
+    ends it); nothing for the in-process engine, whose command line says it all. (The grid's
+    class is asked, not the grid: nothing of the grid is used before the config is judged.)"""
+    if run_id is None or getattr(type(grid), "every_node_registered", False):
+        return ""
+    return f"Flower run {run_id}: flwr stop {run_id} ends it"
+
+
+def engine_of(grid: Grid) -> str:
+    """Which engine runs the clients, as summary.json records it: ``inprocess`` (``fedvls run``, a
+    sweep's default), ``simulation`` (Flower's Ray simulation, ``flwr run``) or ``deployment``
+    (SuperNodes). Deterministic runs compute the same on the first two; a report tells them apart."""
+    if getattr(grid, "every_node_registered", False):
+        return "inprocess"
+    return "simulation" if runs_on_ray(grid) else "deployment"
+
+
+def run_experiment(grid: Grid, cfg: RunConfig, run_id: int | None = None) -> Path:
+    """Run every round of ``cfg`` on ``grid``; returns the run folder. ``run_id``: Flower's id of
+    the run (the ServerApp's Context has it), named to a run refused on the same folder."""
+    return ServerRun(grid, cfg, run_id).run()
 
 
 class ServerRun:
@@ -115,7 +138,7 @@ class ServerRun:
     and what is saved after each. ``saved_round`` is the last round whose checkpoint, rounds
     and state are all on disk: every message about a failure is built from it."""
 
-    def __init__(self, grid: Grid, cfg: RunConfig) -> None:
+    def __init__(self, grid: Grid, cfg: RunConfig, run_id: int | None = None) -> None:
         self.t_start = time.perf_counter()
         self.grid, self.cfg = grid, cfg
         check_tracking(cfg)  # a missing tracker package: said before the dataset or a round
@@ -126,7 +149,27 @@ class ServerRun:
                        "(flwr stop <run-id>), fix RAY_ADDRESS in the SuperLink's environment and submit it again")
             log(ERROR, "%s", message)
             raise ConfigError(message)
+        if runs_on_ray(grid) and (federation := simulation_federation()) is not None and (
+                problem := simulation_room_problem(federation)) is not None:
+            # Flower would fail only once round 1 waits for clients ("ActorPool is empty"), with a traceback
+            message = f"{problem}. No round will start: submit the run again with client resources that fit"
+            log(ERROR, "%s", message)
+            raise ConfigError(message)
         self.run_dir = run_dir_for(cfg)
+        if cfg.resume and (missing := missing_run_folder(self.run_dir)):
+            raise ConfigError(missing)  # (server_app says it before any heavy import; run_experiment's callers here)
+        # one run per folder, for the run's life: a second run on it is refused now, naming this one
+        self.lock = RunFolderLock(self.run_dir, what=_flower_run(grid, run_id), resume=cfg.resume).acquire()
+        try:
+            self._open(grid, cfg)
+        except BaseException:
+            self.lock.release()
+            raise
+
+    def _open(self, grid: Grid, cfg: RunConfig) -> None:
+        """The folder taken: the resume point, the test set, the model, the result files."""
+        if (stale := self.lock.took_over_note()) is not None:
+            log(WARNING, "%s", stale)
         self.start_round, saved_arrays, saved_rounds = _resume_point(cfg, self.run_dir)
         self.saved_round = self.start_round
         self.bundle = server_test_set(cfg)
@@ -163,7 +206,7 @@ class ServerRun:
             log(INFO, "federation: %d simulated SuperNodes (Flower's warning above is about its default, said in "
                 "every simulation; the size is --federation-config \"num-supernodes=N\")", len(list(grid.get_node_ids())))
         self.strategy = RunStrategy(cfg)
-        self.strategy.protocol.bind_model(self.model)
+        self.strategy.bind_model(self.model)
         self.saved_arrays = None if saved_arrays is None else self.strategy.load_server_state(saved_arrays)
         self.clients: dict[int, list[int]] = {}  # partition id -> class counts, as clients.json keeps them
         self.class_counts = KnownClassCounts(cfg, is_simulation(grid), lambda: len(list(grid.get_node_ids())))
@@ -177,19 +220,19 @@ class ServerRun:
             raise _write_failed(err, self.cfg, self.run_dir, self.saved_round, self.cfg.num_server_rounds) from err
 
     def evaluate_global(self, arrays: ArrayRecord, server_round: int = 0) -> dict:
-        """The accuracy a round reports, of the model the server optimizer says to evaluate
-        (FedExP may average the last two) as the protocol builds it (None: nothing to test,
-        e.g. FedConcat's first stage)."""
-        state = self.strategy.server_optimizer.evaluation_arrays(to_numpy_dict(arrays))
+        """The accuracy a round reports, of the model the strategy says to evaluate (the server
+        optimizer's choice of arrays, FedExP may average the last two, as the protocol builds
+        it; none to test in FedConcat's first stage)."""
+        state = self.strategy.evaluation_arrays(arrays)
         if self.bundle is None:
             return {**self.strategy.evaluate_federated(self.grid, to_array_record(state), server_round),
                     "evaluation": "federated"}
-        model = self.strategy.protocol.evaluation_model(state, self.model, server_round)
+        model = self.strategy.evaluation_model(state, server_round)
         if model is None:
             return {"accuracy": None, "loss": None, "per_class_accuracy": None, "evaluation": "none"}
         res = evaluate(
             model, self.bundle.test_x, self.bundle.test_y, self.bundle.num_classes, device=self.device,
-            batch_size=self.cfg.eval_batch_size, mean=self.bundle.mean, std=self.bundle.std, amp=self.cfg.amp,
+            batch_size=self.cfg.eval_batch_size, mean=self.bundle.mean, std=self.bundle.std, amp=use_amp(self.cfg, self.device),
         )
         return {
             "accuracy": res.accuracy, "loss": res.loss, "per_class_accuracy": res.per_class_accuracy,
@@ -200,15 +243,13 @@ class ServerRun:
         """One line of rounds.jsonl: the evaluation, the clients' training, failures, seconds."""
         record = {
             "round": server_round,
-            **self.strategy.protocol.round_info(server_round),
+            **self.strategy.round_info(server_round),
             **metrics,
             "train": with_mean_vacant(report.train_metrics, report.clients, self.class_counts.of(report.clients)),
             "drift_diversity": report.drift_diversity,
             **report.server_parts,
             "clients_sampled": report.sampled,
-            "sampled_partitions": sorted(
-                (self.strategy.nodes.partitions.get(n) for n in report.sampled_nodes), key=lambda p: (p is None, p or 0)
-            ),
+            "sampled_partitions": self.strategy.partitions_of(report.sampled_nodes),
             "clients_accepted": report.accepted,
             "clients_failed": len(report.failed),
             "clients_rejected": len(report.rejected),
@@ -276,9 +317,9 @@ class ServerRun:
         state = self.strategy.initial_state(self.grid, model_arrays)
         initial = to_array_record(state) if state is not model_arrays else ArrayRecord(
             {k: v.detach().cpu() for k, v in self.model.state_dict().items()})
-        round0 = {"round": 0, **self.strategy.protocol.round_info(0), **self.evaluate_global(initial), "seconds": 0.0}
+        round0 = {"round": 0, **self.strategy.round_info(0), **self.evaluate_global(initial), "seconds": 0.0}
         with self.results_written():
-            if (about := self.strategy.protocol.describe(state)) is not None:
+            if (about := self.strategy.describe(state)) is not None:
                 atomic_write_json(self.run_dir / PROTOCOL_FILE, about)
             self._append_round(round0)
         if self.evaluation == "federated" and not round0.get("eval_nodes"):
@@ -294,7 +335,7 @@ class ServerRun:
         federation asks for one. CPU runs send no extra message."""
         if self.cfg.device == "cpu" or (self.cfg.device == "auto" and not torch.cuda.is_available()):
             return
-        devices = self.strategy.nodes.client_devices(self.grid)
+        devices = self.strategy.client_devices(self.grid)
         problem = gpu_left_unused(self.cfg.device, torch.cuda.is_available(), devices, is_simulation(self.grid))
         if problem is not None and problem.error:
             raise ConfigError(problem.message)
@@ -325,6 +366,7 @@ class ServerRun:
         finally:
             if self.tracker is not None:
                 self.tracker.close()
+            self.lock.release()
         log(INFO, "%s run done - best accuracy %s (round %s), final %s; %s", self.label,
             _fmt(summary["best_accuracy"]), summary["best_round"], _fmt(summary["final_accuracy"]), self.run_dir)
         return self.run_dir
@@ -333,6 +375,7 @@ class ServerRun:
         return {
             "config": self.cfg.to_flower(),
             "run_dir": str(self.run_dir),
+            "engine": engine_of(self.grid),
             "model": model_name(self.cfg),
             "evaluation": self.evaluation,
             "num_train_pool": None if self.bundle is None else int(self.bundle.train_y.shape[0]),

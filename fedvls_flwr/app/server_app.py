@@ -8,12 +8,15 @@ package claims no top-level name but its own (an app folder may also name
 from flwr.app import ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
+from fedvls_flwr.app.known_warnings import drop_empty_exit_line
 from fedvls_flwr.app.results import check_resume_target
 from fedvls_flwr.app.tracking import check_tracking
 from fedvls_flwr.config.run_config import parse_run_config  # no torch: a bad value fails before any heavy import
 
 #: The ServerApp Context's record of the run it ran.
 RUN_RECORD = "fedvls-run"
+
+drop_empty_exit_line()  # Flower's empty exit line after a run that ended well (app/known_warnings.py)
 
 app = ServerApp()
 
@@ -25,6 +28,6 @@ def main(grid: Grid, context: Context) -> None:
     check_resume_target(cfg)  # resume=true of a run folder that does not exist: said now, not a silent new run
     from fedvls_flwr.app.server import run_experiment
 
-    run_dir = run_experiment(grid, cfg)
+    run_dir = run_experiment(grid, cfg, context.run_id)
     # what the ServerApp leaves in its Context: where the run went (read by the in-process engine)
     context.state[RUN_RECORD] = ConfigRecord({"run-dir": str(run_dir)})

@@ -10,6 +10,11 @@ round), which replies are trusted (layout and finiteness checked) and how they a
 (float64, integer buffers kept integer). The nodes as the server knows them are a
 :class:`~fedvls_flwr.app.nodes.NodeDirectory`; :meth:`RunStrategy.run` is the round loop with
 the failure policy (retries, ``min-fit-fraction``).
+
+The strategy owns the round and its parts: the server run (:mod:`fedvls_flwr.app.server`) asks
+it what to evaluate, what a round's record says of the protocol and what to checkpoint, never
+the parts themselves. Flower's inherited ``Strategy.start`` would run rounds without the server
+optimizer, the downlink and the failure policy, so it refuses and says what to call instead.
 """
 
 from __future__ import annotations
@@ -25,14 +30,15 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
+from flwr.serverapp.strategy import Result, Strategy
+from torch import nn
 
-from fedvls_flwr.algorithms.aggregation import Reply, average_metrics, check_reply, drift_diversity
-from fedvls_flwr.algorithms.downlink import Downlink, ServerCompanion, merge_downlinks
-from fedvls_flwr.algorithms.parts import ServerPart, server_parts, split_state, state_by_kind
-from fedvls_flwr.algorithms.rounds import Assignment, RoundProtocol
+from fedvls_flwr.algorithms.aggregation import ArrayDict, Reply, average_metrics, check_reply, drift_diversity
+from fedvls_flwr.algorithms.downlink import Downlink, merge_downlinks
+from fedvls_flwr.algorithms.parts import RunContext, ServerPart, build_companions, split_state, state_by_kind
+from fedvls_flwr.algorithms.rounds import Assignment, build_protocol
 from fedvls_flwr.algorithms.sampling import sample_nodes
-from fedvls_flwr.algorithms.server_optim import ServerOptimizer
+from fedvls_flwr.algorithms.server_optim import build_server_optimizer
 from fedvls_flwr.app import keys
 from fedvls_flwr.app.events import ROUND_START, emit
 from fedvls_flwr.app.federation import pool_evaluations, same_partition
@@ -78,11 +84,14 @@ class RunStrategy(Strategy):
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
         self.nodes = NodeDirectory(cfg)
-        #: kind -> the server side of the run's part of that kind (algorithms/parts.py)
-        self.parts: dict[str, ServerPart] = server_parts(cfg)
-        self.protocol: RoundProtocol = self.parts["protocol"]  # type: ignore[assignment]
-        self.server_optimizer: ServerOptimizer = self.parts["server-optimizer"]  # type: ignore[assignment]
-        self.companions = {kind: p for kind, p in self.parts.items() if isinstance(p, ServerCompanion)}
+        values, context = cfg.to_flower(), RunContext(cfg)
+        self.companions = build_companions(values, context)  # a client part's server side (FedGF's)
+        self.server_optimizer = build_server_optimizer(values, context)
+        self.protocol = build_protocol(values, context)
+        #: kind -> the server side of the run's part of that kind, in the order of the kinds
+        self.parts: dict[str, ServerPart] = {**self.companions, "server-optimizer": self.server_optimizer,
+                                             "protocol": self.protocol}
+        self.model: nn.Module | None = None  # the run's architecture, for the model a round evaluates
         self._downlink = Downlink()  # what the companions send with this round's weights
         self._accepted: list[Reply] = []  # the accepted replies of the last aggregation
         self._state: dict[str, np.ndarray] = {}  # the round state at the start of the round
@@ -146,44 +155,9 @@ class RunStrategy(Strategy):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Check each reply against ``reference`` (the broadcast weights) and combine the
         accepted ones as the protocol and the server optimizer say."""
-        accepted: list[Reply] = []
         replies = list(replies)
-        for msg in replies:
-            node_id = self._node_of(msg)
-            node = str(node_id)
-            if not msg.has_error() and keys.METRICS in msg.content.metric_records:
-                metrics = metrics_in(msg.content, keys.METRICS)
-                if keys.PARTITION_ID in metrics:
-                    self.nodes.partitions[node_id] = integer(metrics[keys.PARTITION_ID])
-            if msg.has_error():
-                self.protocol.forget_node(node_id)
-                reason = short_reason(msg.error.reason or "no reason given")
-                self.report.failed.append(self.nodes.failure(node_id, reason))
-                log(WARNING, "round %d: %s failed: %s", server_round, self.nodes.name(node_id), reason)
-                continue
-            reply, problem = self._parse(node, msg.content)
-            layout = self._layout(node_id, reference)
-            if reply is not None and layout is not None:
-                problem = check_reply(reply, layout)
-            if problem is not None or reply is None:
-                self._reject(server_round, node_id, problem)
-                continue
-            if (twin := same_partition(self.nodes.partitions, node_id, [int(r.client) for r in accepted])) is not None:
-                self._reject(server_round, node_id, (
-                    f"partition {self.nodes.partitions[node_id]} is also node {twin}'s: two SuperNodes were given "
-                    "the same partition-id (its data would count twice); give each its own partition-id"))
-                continue
-            accepted.append(reply)
-            self.sizes[node_id] = reply.num_examples
-            self.report.clients.append({"node": node, "num_examples": reply.num_examples, **self._client_info(msg.content)})
-            self.reply_metric_names.update(metrics_in(msg.content, keys.METRICS).keys())
-        answered = {self._node_of(m) for m in replies}
-        silent: list[int | None] = [n for n in self.report.sampled_nodes if n not in answered]
-        silent += [None] * max(0, self.report.sampled - len(replies) - len(silent))  # sampled_nodes unknown
-        for missing in silent:
-            self.report.failed.append(self.nodes.failure(missing, "no reply before round-timeout"))
-            if missing is not None:
-                log(WARNING, "round %d: no reply from %s before round-timeout", server_round, self.nodes.name(missing))
+        accepted = self._accept(server_round, replies, reference)
+        self._note_silent(server_round, replies)
         # Sum in partition order, not arrival order: float sums then do not depend on which
         # client happened to finish first, so a run (and its resume) is reproducible bit for bit.
         accepted.sort(key=lambda r: (self.nodes.partitions.get(int(r.client), math.inf), r.client))
@@ -194,6 +168,69 @@ class RunStrategy(Strategy):
         if not accepted:
             log(WARNING, "round %d: no usable reply; the global model is unchanged", server_round)
             return None, None
+        arrays = self._combine(server_round, accepted, reference)
+        train_metrics = average_metrics(accepted)
+        self.report.train_metrics = train_metrics
+        self.report.num_examples = float(sum(r.num_examples for r in accepted))
+        return to_array_record(arrays), MetricRecord(dict(train_metrics))
+
+    def _accept(self, server_round: int, replies: list[Message], reference: ArrayDict | None) -> list[Reply]:
+        """The replies that pass the checks, in arrival order; the others recorded as failed or
+        rejected, with the reason."""
+        accepted: list[Reply] = []
+        for msg in replies:
+            reply = self._judge(server_round, msg, reference, accepted)
+            if reply is not None:
+                accepted.append(reply)
+                node_id = self._node_of(msg)
+                self.sizes[node_id] = reply.num_examples
+                self.report.clients.append({"node": str(node_id), "num_examples": reply.num_examples,
+                                            **self._client_info(msg.content)})
+                self.reply_metric_names.update(metrics_in(msg.content, keys.METRICS).keys())
+        return accepted
+
+    def _judge(self, server_round: int, msg: Message, reference: ArrayDict | None, accepted: list[Reply]) -> Reply | None:
+        """One reply: its partition noted, then failed (the client raised), rejected (its layout,
+        its numbers, a partition already accepted) or the :class:`Reply` to aggregate."""
+        node_id = self._node_of(msg)
+        node = str(node_id)
+        if not msg.has_error() and keys.METRICS in msg.content.metric_records:
+            metrics = metrics_in(msg.content, keys.METRICS)
+            if keys.PARTITION_ID in metrics:
+                self.nodes.partitions[node_id] = integer(metrics[keys.PARTITION_ID])
+        if msg.has_error():
+            self.protocol.forget_node(node_id)
+            reason = short_reason(msg.error.reason or "no reason given")
+            self.report.failed.append(self.nodes.failure(node_id, reason))
+            log(WARNING, "round %d: %s failed: %s", server_round, self.nodes.name(node_id), reason)
+            return None
+        reply, problem = self._parse(node, msg.content)
+        layout = self._layout(node_id, reference)
+        if reply is not None and layout is not None:
+            problem = check_reply(reply, layout)
+        if problem is not None or reply is None:
+            self._reject(server_round, node_id, problem)
+            return None
+        if (twin := same_partition(self.nodes.partitions, node_id, [int(r.client) for r in accepted])) is not None:
+            self._reject(server_round, node_id, (
+                f"partition {self.nodes.partitions[node_id]} is also node {twin}'s: two SuperNodes were given "
+                "the same partition-id (its data would count twice); give each its own partition-id"))
+            return None
+        return reply
+
+    def _note_silent(self, server_round: int, replies: list[Message]) -> None:
+        """The sampled nodes that did not answer before round-timeout, recorded as failed."""
+        answered = {self._node_of(m) for m in replies}
+        silent: list[int | None] = [n for n in self.report.sampled_nodes if n not in answered]
+        silent += [None] * max(0, self.report.sampled - len(replies) - len(silent))  # sampled_nodes unknown
+        for missing in silent:
+            self.report.failed.append(self.nodes.failure(missing, "no reply before round-timeout"))
+            if missing is not None:
+                log(WARNING, "round %d: no reply from %s before round-timeout", server_round, self.nodes.name(missing))
+
+    def _combine(self, server_round: int, accepted: list[Reply], reference: ArrayDict | None) -> ArrayDict:
+        """The next round state: the protocol combines each group's replies, then the server
+        optimizer steps from the broadcast weights (a protocol of one global model)."""
         ref = reference if reference is not None else accepted[0].arrays
         groups: dict[str, list[Reply]] = {}
         for r in accepted:
@@ -201,10 +238,7 @@ class RunStrategy(Strategy):
         arrays = self.protocol.aggregate(server_round, ref, groups)
         if reference is not None and self.protocol.single_model:
             arrays = self.server_optimizer.step(server_round, reference, arrays, accepted)
-        train_metrics = average_metrics(accepted)
-        self.report.train_metrics = train_metrics
-        self.report.num_examples = float(sum(r.num_examples for r in accepted))
-        return to_array_record(arrays), MetricRecord(dict(train_metrics))
+        return arrays
 
     def _reject(self, server_round: int, node_id: int, problem: str | None) -> None:
         self.report.rejected.append(self.nodes.failure(node_id, problem))
@@ -276,6 +310,40 @@ class RunStrategy(Strategy):
             part.load_state(saved[kind])
         return state
 
+    # ---- what the server run asks of the round ---------------------------------
+    def bind_model(self, model: nn.Module) -> None:
+        """The run's architecture, on the server: what the protocol builds the evaluated model from."""
+        self.model = model
+        self.protocol.bind_model(model)
+
+    def evaluation_arrays(self, arrays: ArrayRecord) -> ArrayDict:
+        """The arrays whose accuracy a round reports: the global model, unless the server
+        optimizer evaluates something else (FedExP may average the last two)."""
+        return self.server_optimizer.evaluation_arrays(to_numpy_dict(arrays))
+
+    def evaluation_model(self, evaluated: ArrayDict, server_round: int) -> nn.Module | None:
+        """The model to test, as the protocol builds it from ``evaluated`` and the bound
+        architecture; None when there is none yet (FedConcat's first stage)."""
+        if self.model is None:
+            raise RuntimeError("RunStrategy.evaluation_model: bind_model(model) first")
+        return self.protocol.evaluation_model(evaluated, self.model, server_round)
+
+    def round_info(self, server_round: int) -> dict[str, Any]:
+        """What a round's record says of the protocol (FedConcat's stage)."""
+        return self.protocol.round_info(server_round)
+
+    def describe(self, state: ArrayDict) -> dict[str, Any] | None:
+        """What the run folder keeps about the protocol (protocol.json); None: nothing."""
+        return self.protocol.describe(state)
+
+    def partitions_of(self, nodes: Iterable[int]) -> list[int | None]:
+        """The partition ids of ``nodes``, sorted (None, unknown, last)."""
+        return sorted((self.nodes.partitions.get(n) for n in nodes), key=lambda p: (p is None, p or 0))
+
+    def client_devices(self, grid: Grid) -> dict[str, str]:
+        """Which device every node would train on (asked before round 1 when a GPU is wanted)."""
+        return self.nodes.client_devices(grid)
+
     # ---- federated evaluation ------------------------------------------------
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -305,6 +373,24 @@ class RunStrategy(Strategy):
             sorted(set(self.nodes.partitions.values())))
 
     # ---- the round loop -------------------------------------------------------
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+    ) -> Result:
+        """Refused: Flower's loop would call the four hooks without the server optimizer's step,
+        the server companions' downlink, retries, ``min-fit-fraction`` or a resume point."""
+        raise RuntimeError(
+            "RunStrategy does not run Flower's Strategy.start loop, which would skip the server optimizer, "
+            "the parts' downlink (FedGF) and the failure policy: run a whole experiment with "
+            "fedvls_flwr.app.server.run_experiment(grid, cfg) (evaluation, result files, resume), or the rounds "
+            "alone with RunStrategy.run(grid, initial_arrays, on_round_end=...)")
+
     def run(
         self,
         grid: Grid,

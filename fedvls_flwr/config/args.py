@@ -85,10 +85,34 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _value_kind(key: str, option: str) -> tuple[type, str] | None:
+    """(type, what the key takes) of a key the option knows, for the message on a value that is
+    not TOML: a number wants no quotes, a string wants them."""
+    if option == "--federation-config":
+        from fedvls_flwr.config.federation_config import SIMULATION_KEYS
+
+        if key in SIMULATION_KEYS:
+            kind, rule, meaning = SIMULATION_KEYS[key]
+            return kind, f"{rule} ({meaning})"
+        return None
+    from fedvls_flwr.config.run_config import RunConfig
+
+    default = RunConfig().to_flower().get(key)
+    if default is None:
+        return None
+    kind = type(default)
+    words = {bool: "true or false", int: "a whole number", float: "a number", str: "a string in quotes"}
+    return kind, words.get(kind, kind.__name__)
+
+
 def _toml_value(key: str, value: str, option: str) -> Any:
     try:
         return tomllib.loads(f"{key} = {value}")
     except tomllib.TOMLDecodeError as err:
+        known = _value_kind(key, option)
+        if known is not None and known[0] is not str:
+            example = {bool: "true", int: "10", float: "0.01"}.get(known[0], "1")
+            raise ConfigError(f"{option}: {key}={value}: '{key}' takes {known[1]}, e.g. {key}={example}") from None
         hint = f" (a string needs quotes: {key}='{value}')" if value[:1] not in "'\"" else ""
         raise ConfigError(
             f"{option}: {key}={value} is not a TOML key=value item{hint}: {err}; values are "
@@ -98,7 +122,8 @@ def _toml_value(key: str, value: str, option: str) -> Any:
 
 def parse_run_config_args(args: list[str] | None, option: str = "--run-config") -> dict[str, Any]:
     """The overrides of one or more ``--run-config`` arguments, as ``flwr run`` reads them
-    (``key=value`` strings, later ones win, or a single ``.toml`` file), or ConfigError."""
+    (``key=value`` strings, or a single ``.toml`` file), or ConfigError; a key given in two
+    arguments is refused as one given twice in one (``flwr run`` would keep the last)."""
     if not args:
         return {}
     if len(args) == 1 and args[0].endswith(".toml"):
@@ -112,12 +137,14 @@ def parse_run_config_args(args: list[str] | None, option: str = "--run-config") 
         except tomllib.TOMLDecodeError as err:
             raise ConfigError(f"{option}: {path} is not valid TOML: {err}") from None
     overrides: dict[str, Any] = {}
+    given: dict[str, str] = {}  # key -> the argument that gave it
     for text in args:
         if not text:
             continue
         if text.endswith(".toml"):
             raise ConfigError(f"{option}: a .toml file ({text}) cannot be combined with other --run-config values")
         items = split_items(text, option)
+        _once(items, text, given, option)
         tree: dict[str, Any] = {}
         for key, value in items:
             _merge(tree, _toml_value(key, value, option))
@@ -137,10 +164,24 @@ def parse_items(args: list[str], option: str, value: Callable[[str, str], Any]) 
     """``key=value`` items of several arguments (each may hold several), values read by
     ``value(key, text)``: the sweep's ``--set`` / ``--only`` (YAML values)."""
     out: dict[str, Any] = {}
+    given: dict[str, str] = {}
     for text in args:
-        for key, raw in split_items(text, option):
+        items = split_items(text, option)
+        _once(items, text, given, option)
+        for key, raw in items:
             out[key] = value(key, raw)
     return out
+
+
+def _once(items: list[tuple[str, str]], text: str, given: dict[str, str], option: str) -> None:
+    """A key given again in another argument of the same option is refused, as within one: which
+    value was meant cannot be told (``flwr run`` would keep the last silently)."""
+    for key, raw in items:
+        if key in given:
+            raise ConfigError(f"{option}: {key!r} is given twice ({given[key]!r}, then {f'{key}={raw}'!r} in "
+                              f"{text!r}); give it once")
+    for key, raw in items:
+        given[key] = f"{key}={raw}"
 
 
 def seconds(text: str) -> float:

@@ -1,6 +1,6 @@
 """RunConfig's fields: one per run-config key (``foo-bar`` -> ``foo_bar``), typed, with its default.
 
-Generated from the Setting declarations (config/general.py, config/registry.py) by
+Generated from the Setting declarations (config/general.py, the parts' specs algorithms/**/*_spec.py) by
 ``fedvls config --write``; do not edit (a test fails when this file is stale).
 """
 
@@ -73,8 +73,12 @@ class RunConfigFields:
     optimizer_state: str = "fresh"
     #: CIFAR-style training augmentation (RGB datasets only)
     augment: bool = True
-    #: bfloat16 mixed precision on CUDA (training, and the server's evaluation)
-    amp: bool = False
+    #: bfloat16 mixed precision on CUDA, training and server evaluation (auto: where measured faster)
+    amp: str = "auto"
+    #: channels-last memory format on CUDA (auto: where measured faster)
+    channels_last: str = "auto"
+    #: replay each client's training step as CUDA graphs on CUDA (ignored on a CPU)
+    cuda_graphs: bool = True
     #: where clients train: auto (CUDA when present), cpu or cuda
     device: str = "auto"
     #: where the server evaluates: auto (CUDA when present, cpu when device = cpu), cpu or cuda

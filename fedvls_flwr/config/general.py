@@ -1,5 +1,6 @@
 """The general run settings, declared once and grouped as the docs show them (each method's and
-optimizer's own settings are declared with it in :mod:`fedvls_flwr.config.registry`).
+optimizer's own settings are declared in its spec, beside its implementation: ``algorithms/**/*_spec.py``,
+listed by :mod:`fedvls_flwr.config.registry`).
 
 Adding a setting: one ``Setting(...)`` in its group below, then ``fedvls config --write``
 regenerates what derives from the declarations (RunConfig's fields, pyproject's
@@ -11,6 +12,10 @@ from __future__ import annotations
 from fedvls_flwr.config.catalogue import DATASETS, MODELS
 from fedvls_flwr.config.registry import method_names, part_names
 from fedvls_flwr.config.settings import Setting, at_least, between, greater
+
+#: A switch that can also follow what was measured: "auto", "true" or "false" (TOML/YAML
+#: booleans are read as "true"/"false").
+AUTO_SWITCH = ("auto", "true", "false")
 
 #: (title, settings) in the order the docs list them.
 GROUPS: tuple[tuple[str, tuple[Setting, ...]], ...] = (
@@ -69,7 +74,15 @@ GROUPS: tuple[tuple[str, tuple[Setting, ...]], ...] = (
         # tinyimagenet); the MNIST-like sets are stored normalised and never augmented.
         Setting("augment", True, "CIFAR-style training augmentation (RGB datasets only)"),
         # bfloat16 autocast on CUDA; accepted and ignored on a CPU (so one preset serves both).
-        Setting("amp", False, "bfloat16 mixed precision on CUDA (training, and the server's evaluation)"),
+        # auto: on for the models where it was measured faster (algorithms/device.py, docs/performance.md).
+        Setting("amp", "auto", "bfloat16 mixed precision on CUDA, training and server evaluation (auto: where "
+                "measured faster)", choices=AUTO_SWITCH),
+        # The conv nets' activations in NHWC on CUDA; ignored on a CPU.
+        Setting("channels-last", "auto", "channels-last memory format on CUDA (auto: where measured faster)",
+                choices=AUTO_SWITCH),
+        # Each client's step (augmentation, forward, loss, backward, update) captured once per process
+        # and replayed (algorithms/graphed.py); off: the same step launched op by op. Ignored on a CPU.
+        Setting("cuda-graphs", True, "replay each client's training step as CUDA graphs on CUDA (ignored on a CPU)"),
     )),
     ("Hardware and evaluation", (
         Setting("device", "auto", "where clients train: auto (CUDA when present), cpu or cuda",

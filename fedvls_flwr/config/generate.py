@@ -7,8 +7,8 @@ what a site shares.
     fedvls config --write    regenerate all three in the project folder
     fedvls config --check    exit 1 naming every stale one (what the tests check)
 
-Adding a method with settings or a general setting is therefore one declaration plus
-``fedvls config --write``.
+Adding a method with settings (its spec) or a general setting is therefore one declaration
+plus ``fedvls config --write``.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def fields_module() -> str:
     lines = [
         '"""RunConfig\'s fields: one per run-config key (``foo-bar`` -> ``foo_bar``), typed, with its default.',
         "",
-        "Generated from the Setting declarations (config/general.py, config/registry.py) by",
+        "Generated from the Setting declarations (config/general.py, the parts' specs algorithms/**/*_spec.py) by",
         "``fedvls config --write``; do not edit (a test fails when this file is stale).",
         '"""',
         "",

@@ -6,7 +6,8 @@ frozen :class:`RunConfig` or raises :class:`ConfigError` naming the key, the val
 what is allowed - before Ray, a SuperLink or a dataset spends any time.
 
 Each setting is declared once, as a :class:`~fedvls_flwr.config.settings.Setting`: the general
-ones in :mod:`fedvls_flwr.config.general`, each method's own in :mod:`fedvls_flwr.config.registry`.
+ones in :mod:`fedvls_flwr.config.general`, each part's own in its spec (``algorithms/**/*_spec.py``,
+listed by :mod:`fedvls_flwr.config.registry`).
 :class:`RunConfig`'s typed fields (one per key, ``foo-bar`` -> ``foo_bar``), pyproject's
 ``[tool.flwr.app.config]`` and docs/configuration.md are generated from those declarations
 (``fedvls config --write``; tests fail when one is stale). Torch-free.
@@ -25,8 +26,9 @@ from typing import Any
 from fedvls_flwr.config.catalogue import DATASETS, DEFAULT_MODELS, IMAGE_DATASETS, MODELS, MODELS_WITHOUT_ENCODER, resolved_model
 from fedvls_flwr.config.fields import RunConfigFields
 from fedvls_flwr.config.general import GENERAL_SETTINGS
-from fedvls_flwr.config.registry import Selection, method_settings, run_parts
+from fedvls_flwr.config.registry import method_settings, run_parts
 from fedvls_flwr.config.settings import ConfigError, Setting, closest
+from fedvls_flwr.config.spec import Selection
 
 __all__ = [
     "ConfigError", "RunConfig", "SETTINGS", "GENERAL_SETTINGS", "IMAGE_DATASETS", "DATASETS", "MODELS",

@@ -1,7 +1,7 @@
 """One run-config setting, declared once: its key, default, meaning and the rule it obeys.
 
 Every setting of the app (the general ones in :mod:`fedvls_flwr.config.run_config`, each method's own
-in :mod:`fedvls_flwr.config.registry`) is a :class:`Setting`. Parsing, type coercion, range and
+in its spec, :class:`fedvls_flwr.config.spec.Part`) is a :class:`Setting`. Parsing, type coercion, range and
 choice checks, the pyproject defaults and the report labels all read these declarations,
 so a setting is written down in exactly one place. Torch-free and Flower-free.
 """
@@ -140,6 +140,8 @@ class Setting:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ConfigError(f"run config '{self.key}' = {value!r}: expected a number")
             return float(value)
+        if isinstance(value, bool) and {"true", "false"} <= set(self.allowed()):
+            return "true" if value else "false"  # a switch with an "auto" besides true / false
         if not isinstance(value, str):
             raise ConfigError(f"run config '{self.key}' = {value!r}: expected a string")
         return value

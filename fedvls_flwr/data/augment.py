@@ -21,10 +21,15 @@ AutoAugment, per sample
     operation type (:mod:`fedvls_flwr.data.autoaugment`).
 
 Randomness
-    All random decisions (offsets, flips, sub-policies, coins, signs) are drawn on the
-    CPU, from ``generator`` if given, else from torch's default CPU generator, and then
-    moved to the batch's device.  A seeded generator therefore gives the same
-    augmentation decisions on every device.
+    With a CPU ``generator`` (or none: torch's default CPU generator) every random decision
+    (offsets, flips, sub-policies, coins, signs) is drawn on the CPU and moved to the batch's
+    device, and the images of each AutoAugment operation are processed as one group. With a
+    generator on the batch's device (the training loop's choice on a GPU) the decisions are
+    drawn there and the fixed-shape kernels run (:func:`random_crop_flip_fixed`,
+    :meth:`~fedvls_flwr.data.autoaugment.BatchAutoAugment.apply_fixed`): nothing is read back
+    to the host, so the whole transform can be captured in a CUDA graph and costs a fixed,
+    small number of kernels per batch. Both give the same distribution, and a seeded
+    generator the same images on every run.
 
 Normalisation
     ``x.float() / 255``, then ``(x - mean) / std`` per channel: the same float32
@@ -44,13 +49,7 @@ import torch.nn.functional as nnf
 
 from fedvls_flwr.data.autoaugment import BatchAutoAugment
 
-__all__ = ["BatchTransform", "make_batch_transform", "normalize", "random_crop_flip"]
-
-
-
-
-# ----------------------------------------------------------------------------- kernels
-# uint8 (n, C, H, W) in, uint8 out; per-image parameters as (n, 1, 1, 1) tensors.
+__all__ = ["BatchTransform", "make_batch_transform", "normalize", "random_crop_flip", "random_crop_flip_fixed"]
 
 
 # ----------------------------------------------------------------------------- crop / flip / normalise
@@ -78,6 +77,34 @@ def random_crop_flip(
     out = padded.gather(2, rows.view(n, 1, h, 1).expand(n, c, h, wp))
     out = out.gather(3, cols.view(n, 1, 1, w).expand(n, c, h, w))
     return out
+
+
+def random_crop_flip_fixed(x: torch.Tensor, padding: int, flip: bool, generator: torch.Generator) -> torch.Tensor:
+    """:func:`random_crop_flip` with its draws taken on ``generator``'s device (``x``'s), in
+    fixed shapes and without a host synchronisation (capturable in a CUDA graph)."""
+    n, c, h, w = x.shape
+    dev = x.device
+    oy = torch.randint(0, 2 * padding + 1, (n, 1), generator=generator, device=dev)
+    ox = torch.randint(0, 2 * padding + 1, (n, 1), generator=generator, device=dev)
+    rows = oy + torch.arange(h, device=dev)
+    cols = ox + torch.arange(w, device=dev)
+    if flip:
+        flips = torch.rand(n, 1, generator=generator, device=dev) < 0.5
+        cols = torch.where(flips, cols.flip(1), cols)
+    padded = nnf.pad(x, (padding, padding, padding, padding)) if padding else x
+    out = padded.gather(2, rows.view(n, 1, h, 1).expand(n, c, h, padded.shape[-1]))
+    return out.gather(3, cols.view(n, 1, 1, w).expand(n, c, h, w))
+
+
+def same_device(a: torch.device, b: torch.device) -> bool:
+    """``cuda`` and ``cuda:0`` are the same GPU when the current device is 0 (a generator made
+    for ``cuda`` says ``cuda``, a tensor there says ``cuda:0``)."""
+    if a.type != b.type:
+        return False
+    if a.type != "cuda" or a.index == b.index:
+        return True
+    current = torch.cuda.current_device()
+    return (current if a.index is None else a.index) == (current if b.index is None else b.index)
 
 
 def normalize(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
@@ -119,10 +146,15 @@ class BatchTransform:
             raise ValueError(f"autoaugment must be 'batched', 'torchvision' or 'none', got {self.autoaugment!r}")
         if self.group_size < 1:
             raise ValueError("group_size must be >= 1")
-        if self.generator is not None and self.generator.device.type != "cpu":
-            raise ValueError("generator must be a CPU torch.Generator (decisions are drawn on the CPU)")
-        if self.autoaugment == "batched":
+        if self.on_device and self.autoaugment != "batched":
+            raise ValueError("a generator on a GPU draws for the batched AutoAugment only (autoaugment='batched')")
+        if self.autoaugment == "batched" and self.augments:  # its tables: only where it augments
             self._aa = BatchAutoAugment()
+
+    @property
+    def on_device(self) -> bool:
+        """The draws are taken on the generator's (and the batch's) device, in fixed shapes."""
+        return self.generator is not None and self.generator.device.type != "cpu"
 
     @property
     def augments(self) -> bool:
@@ -153,8 +185,15 @@ class BatchTransform:
         if self.augments:
             if x.dtype != torch.uint8:
                 x = x.mul(255).round_().clamp_(0, 255).to(torch.uint8)
-            x = random_crop_flip(x, self.padding, self.flip, self.generator)
-            x = self._autoaugment(x)
+            if self.on_device:
+                assert self.generator is not None and self._aa is not None
+                if not same_device(x.device, self.generator.device):
+                    raise ValueError(f"the batch is on {x.device}, the generator on {self.generator.device}")
+                x = random_crop_flip_fixed(x, self.padding, self.flip, self.generator)
+                x = self._aa.apply_fixed(x, *self._aa.sample_fixed(x.shape[0], self.generator, x.device))
+            else:
+                x = random_crop_flip(x, self.padding, self.flip, self.generator)
+                x = self._autoaugment(x)
         mean, std = self._mean_std(x.device)
         return normalize(x, mean, std)
 
@@ -170,7 +209,9 @@ def make_batch_transform(
     group_size: int = 1,
 ) -> BatchTransform:
     """The batch transform for training (``train=True, augment=True``: crop + flip +
-    AutoAugment + normalise) or evaluation (normalise only).  ``mean=None``: identity."""
+    AutoAugment + normalise) or evaluation (normalise only).  ``mean=None``: identity.
+    ``generator``: a CPU generator (the draws on the CPU), or one on the GPU that holds the
+    batches (the fixed-shape path, see the module docstring)."""
     return BatchTransform(
         mean=tuple(mean) if mean is not None else None,
         std=tuple(std) if std is not None else None,

@@ -24,6 +24,18 @@ PIL-style equalize); ``tests/test_augment.py`` checks them against
 ``torchvision.transforms.v2.functional`` image by image (bit-identical on CPU; on a
 GPU, float rounding of the blends may differ by one intensity level on a few pixels).
 
+On a GPU the same per-sample semantics run in fixed shapes (:meth:`BatchAutoAugment.sample_fixed`
+and :meth:`BatchAutoAugment.apply_fixed`): the decisions are drawn on the batch's device from a
+seeded generator there, and every operation family runs once on the whole batch, each image
+keeping the result of its own operation (``torch.where``): one ``grid_sample`` for the
+geometric ops, one blend for Brightness / Color / Contrast (and one for Sharpness), one
+bitwise pass for Posterize / Solarize / Invert, one AutoContrast and one Equalize, per slot.
+No image subset is selected, nothing is read back to the host, and the shapes never depend on
+the draws: about a hundred small kernels per batch whatever the draws, and the whole
+augmentation can be captured in a CUDA graph with the training step. On the same decisions
+it computes what :meth:`BatchAutoAugment.apply` computes (tests/test_augment.py: bit for bit
+on the CPU).
+
 ``autoaugment="torchvision"`` instead applies ``v2.AutoAugment(CIFAR10)`` itself to
 consecutive chunks of ``group_size`` images (1 = per sample, exact but slow; larger
 groups share one augmentation per group).  That mode draws from torch's global RNG
@@ -97,6 +109,14 @@ _IS_GEOMETRIC = torch.tensor([op in _GEOMETRIC for op in _OPS])
 
 
 _NUM_BINS = 10
+
+#: Operation families of the fixed-shape path: every geometric op is one warp ("Rotate"
+#: stands for all five), each other op its own family; "none" for a slot not applied.
+_FAMILY = {**{op: 0 for op in _GEOMETRIC}, **{op: i + 1 for i, op in enumerate(_COLOUR)}, "none": len(_COLOUR) + 1}
+
+#: Sharpness' 3x3 smoothing kernel (PIL's): 1/13 around a centre of 5/13.
+_SHARP_KERNEL = torch.full((1, 1, 3, 3), 1.0 / 13.0)
+_SHARP_KERNEL[0, 0, 1, 1] = 5.0 / 13.0
 
 
 def _magnitude(op: str, bin_: int | None, height: int, width: int) -> float:
@@ -223,6 +243,19 @@ def _autocontrast(x: torch.Tensor, _f: torch.Tensor, _o: torch.Tensor) -> torch.
     return TF.autocontrast(x)
 
 
+def _autocontrast_fixed(x: torch.Tensor) -> torch.Tensor:
+    """torchvision's uint8 AutoContrast (per image and channel: stretch [min, max] to [0, 255];
+    a flat channel stays as it is) with the same float32 operations, its flat-channel case
+    written with ``torch.where`` instead of boolean indexing (no host synchronisation)."""
+    f = x.to(torch.float32)
+    low = f.amin(dim=(-2, -1), keepdim=True)
+    high = f.amax(dim=(-2, -1), keepdim=True)
+    flat = high == low
+    scale = torch.where(flat, 1.0, high.sub(low).mul_(1.0 / 255))
+    low = torch.where(flat, 0.0, low)
+    return f.sub_(low).div_(scale).clamp_(0, 255).to(torch.uint8)
+
+
 def _equalize(x: torch.Tensor, _f: torch.Tensor, _o: torch.Tensor) -> torch.Tensor:
     from torchvision.transforms.v2 import functional as TF
 
@@ -246,15 +279,24 @@ _COLOUR_KERNELS = {
 }
 
 
-def _affine_batch(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
-    """Nearest-neighbour, zero-fill warp of each image with its own inverse matrix
-    ``theta`` (n, 2, 3) in torchvision's centred pixel coordinates."""
-    n, c, h, w = x.shape
-    base = torch.empty(1, h, w, 3, dtype=torch.float32, device=x.device)
-    base[..., 0].copy_(torch.linspace((1.0 - w) * 0.5, (w - 1.0) * 0.5, steps=w, device=x.device))
-    base[..., 1].copy_(torch.linspace((1.0 - h) * 0.5, (h - 1.0) * 0.5, steps=h, device=x.device).unsqueeze_(-1))
+def _base_grid(h: int, w: int, device: torch.device) -> torch.Tensor:
+    """Pixel centres in torchvision's centred coordinates, with a column of ones: (1, h, w, 3)."""
+    base = torch.empty(1, h, w, 3, dtype=torch.float32, device=device)
+    base[..., 0].copy_(torch.linspace((1.0 - w) * 0.5, (w - 1.0) * 0.5, steps=w, device=device))
+    base[..., 1].copy_(torch.linspace((1.0 - h) * 0.5, (h - 1.0) * 0.5, steps=h, device=device).unsqueeze_(-1))
     base[..., 2].fill_(1)
-    scale = torch.tensor([0.5 * w, 0.5 * h], dtype=torch.float32, device=x.device)
+    return base
+
+
+def _affine_batch(x: torch.Tensor, theta: torch.Tensor, base: torch.Tensor | None = None,
+                  scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Nearest-neighbour, zero-fill warp of each image with its own inverse matrix
+    ``theta`` (n, 2, 3) in torchvision's centred pixel coordinates (``base``, ``scale``: the
+    pixel grid and the half sizes, made here when not given)."""
+    n, c, h, w = x.shape
+    base = _base_grid(h, w, x.device) if base is None else base
+    if scale is None:
+        scale = torch.tensor([0.5 * w, 0.5 * h], dtype=torch.float32, device=x.device)
     rescaled = theta.transpose(1, 2).div(scale)  # (n, 3, 2)
     grid = base.view(1, h * w, 3).expand(n, h * w, 3).bmm(rescaled).view(n, h, w, 2)
     out = nnf.grid_sample(x.to(torch.float32), grid, mode="nearest", padding_mode="zeros", align_corners=False)
@@ -288,6 +330,7 @@ class BatchAutoAugment:
         self._prob = torch.tensor([p for _, p, _ in entries], dtype=torch.float64)
         self._signed = torch.tensor([op in _SIGNED for op, _, _ in entries])
         self._tables: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._fixed: dict[tuple[int, int, str], dict[str, torch.Tensor]] = {}
 
     def _tables_for(self, height: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(values (E, 2) float64, thetas (E, 2, 2, 3) float32) for sign index 0=+, 1=-."""
@@ -322,6 +365,98 @@ class BatchAutoAugment:
         applied = coins <= self._prob[entry]
         negative = self._signed[entry] & (signs <= 0.5)
         return sub, applied, negative
+
+    def _fixed_tables(self, height: int, width: int, device: torch.device) -> dict[str, torch.Tensor]:
+        """The per-entry tables of :meth:`apply_fixed`, on ``device`` (cached): operation code,
+        probability, signedness, each entry's (factor, 1 - factor) pair computed in float64 and
+        rounded to float32 as :func:`_apply_colour` does, posterize masks, solarize thresholds
+        and inverse-affine matrices, per sign."""
+        key = (height, width, str(device))
+        if key not in self._fixed:
+            values, thetas = self._tables_for(height, width)
+            op = self._op
+            names = [_OPS[int(i)] for i in op]
+            factor = torch.ones(len(names), 2, dtype=torch.float32)
+            keep = torch.zeros(len(names), 2, dtype=torch.float32)
+            mask = torch.full((len(names), 2), 255, dtype=torch.int32)
+            threshold = torch.full((len(names), 2), 256.0, dtype=torch.float32)
+            for i, name in enumerate(names):
+                if name in ("Brightness", "Color", "Contrast", "Sharpness"):
+                    factor[i] = values[i].to(torch.float32)
+                    keep[i] = (1.0 - values[i]).to(torch.float32)
+                elif name == "Posterize":
+                    bits = values[i].to(torch.int32)
+                    mask[i] = (((1 << bits) - 1) << (8 - bits)).clamp(0, 255)
+                elif name == "Solarize":
+                    threshold[i] = values[i].to(torch.float32)
+                elif name == "Invert":
+                    threshold[i] = 0.0
+            family = torch.tensor([_FAMILY[n] for n in names])
+            inner = torch.zeros(1, 1, height, width, dtype=torch.bool)
+            inner[..., 1:-1, 1:-1] = True
+            self._fixed[key] = {name: t.to(device) for name, t in {
+                "family": family, "prob": self._prob.to(torch.float32), "signed": self._signed,
+                "factor": factor, "keep": keep, "mask": mask.to(torch.uint8), "threshold": threshold,
+                "theta": thetas, "slot": torch.arange(2), "grid": _base_grid(height, width, torch.device("cpu")),
+                "scale": torch.tensor([0.5 * width, 0.5 * height], dtype=torch.float32), "inner": inner,
+                "kernel": _SHARP_KERNEL, "zero": torch.zeros(()),
+                "mask_none": torch.tensor(255, dtype=torch.uint8), "threshold_none": torch.tensor(256.0)}.items()}
+        return self._fixed[key]
+
+    def sample_fixed(self, n: int, generator: torch.Generator, device: torch.device | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`sample`'s decisions drawn on ``device`` (the generator's by default) from
+        ``generator``, in fixed shapes: sub-policy (n,), applied (n, 2), negative (n, 2). The
+        same distribution as :meth:`sample` (uniform sub-policy, each slot applied with its
+        probability, a signed magnitude negated with probability 1/2)."""
+        device = generator.device if device is None else device
+        tables = self._fixed_tables(1, 1, device)
+        sub = torch.randint(len(self.policy), (n,), generator=generator, device=device)
+        coins = torch.rand(n, 2, generator=generator, device=device)
+        signs = torch.rand(n, 2, generator=generator, device=device)
+        entry = sub.unsqueeze(1) * 2 + tables["slot"]
+        return sub, coins <= tables["prob"][entry], tables["signed"][entry] & (signs <= 0.5)
+
+    def apply_fixed(self, x: torch.Tensor, sub: torch.Tensor, applied: torch.Tensor,
+                    negative: torch.Tensor) -> torch.Tensor:
+        """:meth:`apply` in fixed shapes, without a host synchronisation: the decisions are
+        tensors on ``x``'s device, every operation family runs on the whole batch and each image
+        keeps its own operation's result. On the same decisions the same images as :meth:`apply`."""
+        n, c, h, w = x.shape
+        t = self._fixed_tables(h, w, x.device)
+        for slot in range(2):
+            entry = sub * 2 + slot
+            sign = negative[:, slot].long()
+            family = torch.where(applied[:, slot], t["family"][entry], _FAMILY["none"]).view(n, 1, 1, 1)
+            # geometric: each image warped with its own matrix (identity for the others, unused)
+            warped = _affine_batch(x, t["theta"][entry, sign], t["grid"], t["scale"])
+            x = torch.where(family == _FAMILY["Rotate"], warped, x)
+            # Brightness, Color, Contrast: x * f + other * (1 - f), other = 0, the grey image or its mean
+            f = t["factor"][entry, sign].view(n, 1, 1, 1)
+            keep = t["keep"][entry, sign].view(n, 1, 1, 1)
+            gray = _grayscale(x)
+            other = torch.where(family == _FAMILY["Color"], gray,
+                                torch.where(family == _FAMILY["Contrast"], gray.mean(dim=(-3, -2, -1), keepdim=True),
+                                            t["zero"]))
+            blended = x.to(torch.float32).mul_(f).addcmul_(other, keep).clamp_(0, 255).to(torch.uint8)
+            blends = (family == _FAMILY["Brightness"]) | (family == _FAMILY["Contrast"])
+            if c > 1:  # Color on a grey image is the identity (as torchvision's)
+                blends = blends | (family == _FAMILY["Color"])
+            x = torch.where(blends, blended, x)
+            # Sharpness: the inner pixels move towards the rounded 3x3 blur, the border stays
+            if h > 2 and w > 2:
+                sharp = x.to(torch.float32)
+                blurred = nnf.pad(nnf.conv2d(sharp, t["kernel"].expand(c, 1, 3, 3), groups=c).round_(), (1, 1, 1, 1))
+                sharp = sharp.addcmul_(blurred.sub_(sharp), keep).clamp_(0, 255).to(torch.uint8)
+                x = torch.where((family == _FAMILY["Sharpness"]) & t["inner"], sharp, x)
+            # Posterize (mask 255 elsewhere), then Solarize / Invert (threshold 256 elsewhere, 0 for Invert)
+            on = applied[:, slot].view(n, 1, 1, 1)
+            bits = x & torch.where(on, t["mask"][entry, sign].view(n, 1, 1, 1), t["mask_none"])
+            x = torch.where(bits >= torch.where(on, t["threshold"][entry, sign].view(n, 1, 1, 1), t["threshold_none"]),
+                            bits.bitwise_not(), bits)
+            x = torch.where(family == _FAMILY["AutoContrast"], _autocontrast_fixed(x), x)
+            x = torch.where(family == _FAMILY["Equalize"], _equalize(x, f, keep), x)
+        return x
 
     def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         if x.dtype != torch.uint8 or x.ndim != 4:

@@ -113,6 +113,12 @@ def _say(message: str, *args: object) -> None:
     _SAID.append(True)
 
 
+def node_data_lines_at_debug() -> None:
+    """Every later node-data line of this process at DEBUG (a Ray actor's: see
+    :mod:`fedvls_flwr.app.known_warnings`)."""
+    _SAID.append(True)
+
+
 def dataset_for(cfg: RunConfig) -> DatasetBundle:
     if cfg.dataset == "synthetic":
         return synthetic_dataset(cfg.synthetic_alpha, cfg.synthetic_beta, cfg.synthetic_clients, cfg.seed)[0]

@@ -33,8 +33,8 @@ from pathlib import Path
 from click import ClickException
 
 from fedvls_flwr.config.args import seconds
-from fedvls_flwr.config.part_settings import check_given_settings_apply
 from fedvls_flwr.config.run_config import parse_run_config
+from fedvls_flwr.config.unread import check_given_settings_apply
 from fedvls_flwr.data.node_config import check_distinct_sites, check_node_folders, parse_node_config
 from fedvls_flwr.deploy.breakdown import BreakdownInputError, breakdown, print_breakdown
 from fedvls_flwr.deploy.certs import CertificateError, make_certificates, missing_loopback_names, san_hosts

@@ -22,6 +22,9 @@ can be created and written, that the run folder of ``run-name`` is free (or, wit
 With ``RAY_ADDRESS`` set (a simulation meant to join a running Ray cluster, docs/ray-cluster.md)
 it checks that something answers there and that ``--federation-config`` holds no setting
 ``ray.init`` refuses when joining a cluster (``init-args-num-cpus``, ``init-args-num-gpus``).
+And it checks that the simulated clients fit where they would run (this machine, or that
+cluster's nodes): a ``client-resources-num-gpus`` share where there is no GPU, or more
+``client-resources-num-cpus`` than a node has, would leave Ray without a single client.
 """
 
 from __future__ import annotations
@@ -33,14 +36,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedvls_flwr.algorithms.sampling import clients_per_round
-from fedvls_flwr.app.ray_address import check_cluster_settings
+from fedvls_flwr.app.ray_address import check_cluster_settings, simulation_room_problem
 from fedvls_flwr.app.tracking import check_tracking
 from fedvls_flwr.config.args import parse_run_config_args
 from fedvls_flwr.config.federation_config import check_federation_config
-from fedvls_flwr.config.part_settings import check_given_settings_apply
 from fedvls_flwr.config.registry import run_parts
 from fedvls_flwr.config.run_config import ConfigError, RunConfig, model_name, parse_run_config
 from fedvls_flwr.config.unmeant import rounds_warning
+from fedvls_flwr.config.unread import check_given_settings_apply
 
 if TYPE_CHECKING:
     from fedvls_flwr.data.bundle import DatasetBundle
@@ -49,16 +52,22 @@ PROJECT_DIR = Path(__file__).resolve().parents[2]
 
 
 def project_defaults(app_dir: Path = PROJECT_DIR) -> dict[str, Any]:
-    """``[tool.flwr.app.config]`` of the app's pyproject.toml (what `flwr run` starts from)."""
+    """``[tool.flwr.app.config]`` of the app's pyproject.toml (what `flwr run` starts from); for
+    an installed package, which has no pyproject.toml beside it, the declared defaults that
+    table is generated from (``fedvls config --write``), as the in-process engine fuses them."""
     import tomllib
 
-    return dict(tomllib.loads((Path(app_dir) / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"])
+    pyproject = Path(app_dir) / "pyproject.toml"
+    if not pyproject.is_file():
+        return RunConfig().to_flower()
+    return dict(tomllib.loads(pyproject.read_text())["tool"]["flwr"]["app"]["config"])
 
 
 def check_output_dir(cfg: RunConfig, *, new_ok: bool = False) -> None:
     """``output-dir`` can be created and written on this machine, and the run folder of
     ``run-name`` is free (``resume = false``) or can be resumed (``resume = true``: it must
-    exist, unless ``new_ok`` - a sweep resumes the runs it started and starts the others)."""
+    exist, unless ``new_ok`` - a sweep resumes the runs it started and starts the others),
+    and no run is going on in it now (its lock, :class:`~fedvls_flwr.app.results.RunFolderLock`)."""
     out = cfg.resolved_output_dir()
     existing = out
     while not existing.exists() and existing != existing.parent:
@@ -73,13 +82,15 @@ def check_output_dir(cfg: RunConfig, *, new_ok: bool = False) -> None:
         )
     if not cfg.run_name:
         return
-    from fedvls_flwr.app.results import holds_run, missing_run_folder, read_resume_point
+    from fedvls_flwr.app.results import busy_message, holds_run, lock_holder, missing_run_folder, read_resume_point
 
     run_dir = out / cfg.run_name
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"run config 'run-name' = {cfg.run_name!r}: {run_dir} is a file; choose another run-name")
     if cfg.resume and not new_ok and (missing := missing_run_folder(run_dir)):
         raise ConfigError(missing)
+    if (holder := lock_holder(run_dir)) is not None:  # a run going on in it now (the ServerApp holds its lock)
+        raise ConfigError(busy_message(run_dir, holder, resume=cfg.resume))
     if not holds_run(run_dir):
         return
     if not cfg.resume:
@@ -172,7 +183,7 @@ def check_run_config(
     """The validated config, or an exception whose message says what is wrong.
 
     ``typed``: ``overrides`` are what a user typed (not a preset's run), so each must be read
-    by a part the run selects (:func:`~fedvls_flwr.config.part_settings.check_given_settings_apply`).
+    by a part the run selects (:func:`~fedvls_flwr.config.unread.check_given_settings_apply`).
 
     Raises ConfigError (a key), DatasetNotFoundError (the data), PartitionError /
     NodeDataError (the partition for ``num_supernodes`` nodes), and with ``this_machine``
@@ -241,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
             num_supernodes = int(federation["num-supernodes"])
         if not args.for_other_machine and (problems := check_cluster_settings(federation)):
             raise ConfigError("; ".join(problems))  # before the data is loaded: a run would not start
+        if not args.for_other_machine and (no_room := simulation_room_problem(federation)):
+            raise ConfigError(no_room)  # a GPU share without a GPU, more CPUs per client than a node has
         cfg = check_run_config(overrides, num_supernodes, data=not args.no_data,
                                this_machine=not args.for_other_machine, warn=warnings, typed=True)
     except (ValueError, FileNotFoundError) as err:

@@ -12,7 +12,8 @@ Preset format (see conf/*.yaml)::
     federation: {num-supernodes: 10, client-resources-num-cpus: 1}
     table: {rows: [dataset, dirichlet-beta], cols: [method]}
 
-Relative ``data-dir`` values in a preset are taken relative to the project folder.
+Relative ``data-dir`` values in a preset are taken relative to the project folder (of a
+checkout; for an installed package, relative to the preset's own folder).
 """
 
 from __future__ import annotations
@@ -164,7 +165,9 @@ def load_preset(path: Path | str, *, sets: dict[str, Any] | None = None, seeds: 
     try:
         spec = yaml.load(path.read_text(), Loader=_StrictLoader)  # noqa: S506 - a SafeLoader
     except FileNotFoundError:
-        raise PresetError(f"preset {path} does not exist; presets live in {PROJECT_DIR / 'conf'}") from None
+        where = (f"the project's presets are in {PROJECT_DIR / 'conf'}" if (PROJECT_DIR / "conf").is_dir() else
+                 "the project's presets are in the conf/ folder of its repository")
+        raise PresetError(f"preset {path} does not exist; {where}") from None
     except _DuplicateKey as err:
         raise PresetError(f"preset {path}: {err}") from None
     except yaml.YAMLError as err:
@@ -202,12 +205,14 @@ def load_preset(path: Path | str, *, sets: dict[str, Any] | None = None, seeds: 
         keys = list(grid)
         values = [v if isinstance(v, list) else [v] for v in grid.values()]
         combos += [dict(zip(keys, combo)) for combo in itertools.product(*values)]
+    # a relative data-dir: from the project folder (a checkout), else (an installed package) from the preset's
+    relative_to = PROJECT_DIR if (PROJECT_DIR / "pyproject.toml").is_file() else path.resolve().parent
     runs = []
     for combo in combos:
         for variant in variants:
             overrides = {**base, **combo, **variant, **(sets or {})}
             if isinstance(overrides.get("data-dir"), str) and not overrides["data-dir"].startswith(("/", "~")):
-                overrides["data-dir"] = str((PROJECT_DIR / overrides["data-dir"]).resolve())
+                overrides["data-dir"] = str((relative_to / overrides["data-dir"]).resolve())
             try:
                 parse_run_config(split_federation(overrides)[0])
             except ConfigError as err:
@@ -219,7 +224,16 @@ def load_preset(path: Path | str, *, sets: dict[str, Any] | None = None, seeds: 
         r.setdefault("run-name", run_name(r, varying))
     names = [r["run-name"] for r in runs]
     if len(set(names)) != len(names):
-        raise PresetError(f"preset {path}: two runs are identical (same settings); remove the duplicate")
+        twice = next(name for name in names if names.count(name) > 1)
+        named = [part for part, mapping in [("base", base), *(("grid", g) for g in grids),
+                                            *(("variants", v) for v in variants), ("--set", sets or {})]
+                 if "run-name" in mapping]
+        if named:
+            raise PresetError(
+                f"preset {path}: {named[0]} sets run-name = {twice!r}, so {names.count(twice)} runs would share one "
+                "run folder (one run folder holds one run); leave run-name out of the preset: each run is named "
+                "after its settings (dataset, method, skew, seed, and what else varies)")
+        raise PresetError(f"preset {path}: two runs are identical (same settings: {twice}); remove the duplicate")
     return Preset(
         name=str(spec.get("name") or path.stem),
         path=path,

@@ -147,6 +147,8 @@ def make_report(
     check_gaps(report_table, gaps)
     if notes is not None:
         notes.extend(f"{r.path}: {why}" for r in runs if (why := r.rounds_lost()) is not None)
+        notes.extend(dict.fromkeys(report_table.repeated.values()))  # a seed run again: counted once
+    runs = [r for r in runs if r.path not in report_table.repeated]  # nor drawn twice in the plots
     written["table_md"], written["table_csv"] = write_table(report_table, out_dir)
     if (diag := write_diagnostics(report_table, runs, out_dir)) is not None:
         written["diagnostics_md"], written["diagnostics_csv"] = diag

@@ -8,7 +8,7 @@ entries (classes absent from a test set), a single seed and a single method.
 Accuracies are stored as fractions in [0, 1] and reported in percent.
 
 Method names, their order and which settings belong to which method come from the
-registry (:mod:`fedvls_flwr.config.registry`).
+registry (:mod:`fedvls_flwr.config.registry`, the parts' specs).
 """
 
 from __future__ import annotations

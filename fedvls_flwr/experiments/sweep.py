@@ -39,8 +39,8 @@ import yaml
 from fedvls_flwr.app.ray_address import check_ray_address, ray_address
 from fedvls_flwr.app.results import SUMMARY_FILE, atomic_write_json
 from fedvls_flwr.config.args import parse_items, seconds
-from fedvls_flwr.config.part_settings import unread_settings
 from fedvls_flwr.config.run_config import ConfigError, RunConfig, parse_run_config
+from fedvls_flwr.config.unread import unread_settings
 from fedvls_flwr.experiments.preset import (
     FEDERATION_KEYS,
     Preset,
@@ -51,10 +51,11 @@ from fedvls_flwr.experiments.preset import (
     split_federation,
 )
 from fedvls_flwr.experiments.progress import ProgressView, SweepProgress
+from fedvls_flwr.ops.app_folder import app_folder
 from fedvls_flwr.ops.flower_cli import flower_env
 from fedvls_flwr.ops.launch import LocalSuperLink
-from fedvls_flwr.ops.processes import PortRangeError, parse_port_range
-from fedvls_flwr.ops.ray_cluster import RayClusterError, RayHead
+from fedvls_flwr.ops.processes import PortRangeError, parse_port_range, say_what_is_kept, stop_signal
+from fedvls_flwr.ops.ray_cluster import RayClusterError, RayHead, ray_missing
 
 #: The file a sweep writes into each run folder: the settings the run was started with.
 RUN_FILE = "sweep-run.json"
@@ -222,12 +223,13 @@ def _run_with_flwr(todo: list, planned: list, output_dir: Path, statuses: dict[s
                 log(f"[sweep] one Ray for the whole sweep at {head.address} "
                     f"(started in {time.perf_counter() - t_ray:.1f}s; --no-shared-ray: one per run)")
             link = stack.enter_context(LocalSuperLink(home, port_range=port_range, env_extra=env_extra))
+            app = app_folder(output_dir / ".flwr-app")  # the checkout, or (an installed package) a folder naming it
             for i, (run_config, federation, identity) in enumerate(todo, 1):
                 t0 = time.perf_counter()
                 name = _record_start(output_dir, run_config, federation, identity)
                 log(f"[sweep] ({i}/{len(todo)}) {name} ...")
                 progress.start(i - 1, output_dir / name)
-                run_id = link.submit(run_config=run_config, federation_config=federation)
+                run_id = link.submit(app, run_config=run_config, federation_config=federation)
                 with progress.following():
                     outcome = link.wait(run_id, timeout=timeout)
                 progress.finish(planned[i - 1][1], outcome.status)
@@ -254,8 +256,8 @@ def machine_shares(federations: list[dict[str, Any]], parallel: int, log: Callab
                    for f in federations})
     for cpus, gpus in asks:
         if (problem := resource_problem(cpus, gpus, machine)) is not None:
-            raise PresetError(f"--federation-config / the preset's federation: {problem} (or --set "
-                              "client-resources-num-cpus=... / client-resources-num-gpus=... for every run)")
+            raise PresetError(f"{problem} (in --federation-config or the preset's federation; --set "
+                              "client-resources-num-cpus=... / client-resources-num-gpus=... sets them for every run)")
     room = min(room_for_runs(machine, cpus, gpus) for cpus, gpus in asks)
     if parallel > room:
         cpus, gpus = max(asks)
@@ -323,6 +325,25 @@ def _run_in_process(todo: list, planned: list, output_dir: Path, statuses: dict[
             progress.close()
 
 
+def kept_after_stop(preset: Preset, output_dir: Path, argv: list[str]) -> str:
+    """What a stopped sweep keeps (its finished runs, the last saved round of the one going) and
+    the command that continues it (the same one: finished runs are skipped, the others resume)."""
+    from fedvls_flwr.ops.processes import shell_word
+
+    names = [r["run-name"] for r in preset.runs]
+    finished = sum(1 for name in names if _completed(output_dir / name))
+    again = " ".join(["fedvls", "sweep", *map(shell_word, argv)])
+    return (f"{finished} of {len(names)} runs are finished in {output_dir}, and a run stopped midway keeps its "
+            f"saved rounds; to continue (finished runs are skipped, the others resume): {again}")
+
+
+def _completed(run_dir: Path) -> bool:
+    try:
+        return json.loads((run_dir / SUMMARY_FILE).read_text()).get("status") == "completed"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def output_dir_problem(output_dir: Path) -> str | None:
     """Why a sweep cannot write its runs into ``output_dir`` (said before anything starts), or None."""
     existing = output_dir.expanduser()
@@ -346,6 +367,30 @@ def select_runs(preset: Preset, only: dict[str, Any]) -> Preset:
     return dataclasses.replace(preset, runs=keep)
 
 
+def _seeds(text: str) -> list[int]:
+    """``--seeds 0,1,2``: distinct integers (a seed twice would run one experiment twice)."""
+    try:
+        seeds = [int(s) for s in text.split(",")]
+    except ValueError:
+        raise PresetError(f"--seeds {text!r}: expected comma-separated integers, e.g. 0,1,2") from None
+    if (twice := next((s for s in seeds if seeds.count(s) > 1), None)) is not None:
+        raise PresetError(f"--seeds {text!r}: seed {twice} is given twice (one seed, one run); give each once")
+    return seeds
+
+
+def _seconds_or_zero(text: str) -> float:
+    """An argparse type: a finite number of seconds >= 0."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (e.g. 30)") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text}: give a number of seconds >= 0 (0: a line every round)")
+    return value
+
+
 def _parse_sets(items: list[str], option: str = "--set") -> dict[str, Any]:
     """``KEY=VALUE`` items (several per argument allowed, YAML values); an item without a
     value or without ``=`` is an error naming it (fedvls_flwr.config.args)."""
@@ -363,17 +408,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("preset", help="a YAML preset, e.g. conf/table1-mnist10k.yaml")
     parser.add_argument("--output-dir", "-o", help="where runs and the report go (default: ~/fedvls-runs/<preset name>)")
     parser.add_argument("--seeds", help="comma-separated seeds, replacing the preset's")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a run-config key in every run")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a run-config key in every run; repeatable, and one --set may hold several "
+                             "items ('lr=0.05 local-epochs=1'); each key once")
     parser.add_argument("--timeout", type=seconds, default=3600.0, metavar="SECONDS",
                         help="seconds per run before it is stopped (default: %(default)g)")
     parser.add_argument("--only", action="append", default=[], metavar="KEY=VALUE",
                         help="run only the preset's runs with this setting (repeatable: all must match)")
     parser.add_argument("--dry-run", action="store_true", help="list the runs and exit")
-    parser.add_argument("--progress-every", type=float, default=30.0, metavar="SECONDS",
+    parser.add_argument("--progress-every", type=_seconds_or_zero, default=30.0, metavar="SECONDS",
                         help="when stdout is not a terminal: a progress line per round, at most one per SECONDS "
                              "(0: every round); in a terminal the progress is one live line")
     parser.add_argument("--port-range", metavar="LO-HI",
-                        help="take the SuperLink's port from LO-HI (shared hosts, firewalls); "
+                        help="--engine flwr only: take the SuperLink's port from LO-HI (shared hosts, firewalls); "
                              "Ray picks its own internal ports")
     parser.add_argument("--engine", choices=("inprocess", "flwr"),
                         help="inprocess (the default on one machine): every run in worker processes that start "
@@ -391,15 +438,15 @@ def main(argv: list[str] | None = None) -> int:
     engine = args.engine or ("flwr" if ray_address() is not None else "inprocess")
     if args.parallel < 1:
         parser.error(f"--parallel {args.parallel}: give the number of runs at once, 1 or more")
+    if args.port_range and engine != "flwr":
+        print("note: --port-range is the SuperLink's port range, for --engine flwr; the in-process engine (the "
+              "default without RAY_ADDRESS) opens no port and ignores it", file=sys.stderr)
     if args.parallel > 1 and engine != "inprocess":
         parser.error("--parallel runs several runs at once on the in-process engine; with --engine flwr "
                      "(or RAY_ADDRESS set) the runs share one SuperLink and run one after another")
     try:
         port_range = parse_port_range(args.port_range)
-        try:
-            seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
-        except ValueError:
-            raise PresetError(f"--seeds {args.seeds!r}: expected comma-separated integers, e.g. 0,1,2") from None
+        seeds = None if args.seeds is None else _seeds(args.seeds)
         preset = load_preset(args.preset, sets=_parse_sets(args.set), seeds=seeds)
         preset = select_runs(preset, _parse_sets(args.only, "--only"))
     except (PresetError, ValueError) as err:
@@ -412,6 +459,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if problem := output_dir_problem(output_dir):
         print(f"error: --output-dir {output_dir}: {problem}", file=sys.stderr)
+        return 2
+    if engine == "flwr" and (missing := ray_missing()) is not None:
+        why = "--engine flwr" if args.engine else "RAY_ADDRESS is set, so the sweep runs on --engine flwr"
+        print(f"error: {why}: every run is a flwr run in Flower's Ray simulation, but {missing}. Install it "
+              "(pip install \"flwr[simulation]\"; scripts/setup.sh does), or run the sweep in-process: "
+              "--engine inprocess", file=sys.stderr)
         return 2
     try:
         result = run_preset(preset, output_dir, timeout=args.timeout, port_range=port_range,
@@ -426,6 +479,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}. Runs that finished are kept; {fix} and run the same command again to continue.",
               file=sys.stderr)
         return 2
+    except BaseException as stop:  # Ctrl-C, SIGTERM: the command's one line says what is kept
+        if stop_signal(stop) is not None:
+            say_what_is_kept(stop, kept_after_stop(preset, output_dir, sys.argv[1:] if argv is None else argv))
+        raise
     failed = [name for name, status in result["statuses"].items() if "failed" in status or "timeout" in status]
     return 1 if failed else 0
 

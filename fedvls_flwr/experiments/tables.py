@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from fedvls_flwr.config.part_settings import unread_settings
 from fedvls_flwr.config.registry import method_settings, run_parts
 from fedvls_flwr.config.run_config import RunConfig
+from fedvls_flwr.config.unread import unread_settings
 from fedvls_flwr.experiments.runs import (
     IGNORED_KEYS,
     RunRecord,
@@ -89,6 +88,8 @@ class ReportTable:
     col_values: list[tuple]
     cells: dict[tuple[tuple, tuple], Cell]
     notes: list[str] = field(default_factory=list)
+    #: runs left out because their cell already holds their seed (also in ``notes``, said by the report)
+    repeated: dict[Path, str] = field(default_factory=dict)
 
     def cell(self, row: Sequence[Any], col: Sequence[Any]) -> Cell | None:
         return self.cells.get((tuple(row), tuple(col)))
@@ -150,8 +151,10 @@ def table(
     apart. Std is the sample std (ddof = 1), 0 for a single seed. A run that failed or
     stopped before its last round is left out of the means (a diverging method must not
     look better for it) and counted in its cell, unless ``include_incomplete``. Runs
-    without any accuracy are left out (named in ``notes``); so are notes on cells whose
-    runs differ in other settings or repeat a seed.
+    without any accuracy are left out (named in ``notes``). A seed a cell holds twice (the same
+    experiment run again, e.g. on the other engine, which computes the same) is counted once,
+    its first run in path order, and ``notes`` names the runs left out and each run's engine;
+    ``notes`` also names cells whose runs differ in other settings.
     """
     rows, cols = tuple(rows), tuple(cols)
     row_sort: dict[tuple, tuple] = {}
@@ -159,6 +162,7 @@ def table(
     cells: dict[tuple[tuple, tuple], Cell] = {}
     members: dict[tuple[tuple, tuple], list[RunRecord]] = {}
     notes: list[str] = []
+    repeated: dict[tuple[tuple, tuple, str], list[RunRecord]] = {}  # a seed's runs after the first of a cell
     for run in runs:
         best = run.best_accuracy
         if best is None:
@@ -175,17 +179,26 @@ def table(
             cell.excluded.append(f"seed {run.seed}: {why}")
             members.setdefault((row, col), [])
             continue
+        if str(run.seed) in map(str, cell.seeds):  # the same experiment again (e.g. on the other engine)
+            repeated.setdefault((row, col, str(run.seed)), []).append(run)
+            continue
         cell.dropped_shares.append(run.dropped_share())
         cell.seeds.append(run.seed)
         cell.best_values.append(best)
         cell.final_values.append(final if final is not None else math.nan)
         cell.run_paths.append(run.path)
         members.setdefault((row, col), []).append(run)
-    for (row, col), cell in cells.items():
+    left_out: dict[Path, str] = {}
+    for (row, col, seed), again in repeated.items():
         where = ", ".join(_fmt_value(v) for v in row + col)
-        repeated = [s for s, k in Counter(map(str, cell.seeds)).items() if k > 1]
-        if repeated:
-            notes.append(f"[{where}] seed repeated: {', '.join(repeated)}")
+        kept = next(r for r in members[(row, col)] if str(r.seed) == seed)
+        others = "; ".join(f"{r.path} ({_engine(r)})" for r in again)
+        note = (f"[{where}] seed {seed} has {len(again) + 1} runs: counted once, {kept.path} ({_engine(kept)}); "
+                f"left out: {others}")
+        notes.append(note)
+        left_out.update((r.path, note) for r in again)
+    for row, col in cells:
+        where = ", ".join(_fmt_value(v) for v in row + col)
         mixed = _mixed_settings(members[(row, col)], set(rows) | set(cols)) if members[(row, col)] else []
         if mixed:
             notes.append(f"[{where}] runs differ in: {', '.join(mixed)}")
@@ -196,6 +209,7 @@ def table(
         col_values=sorted(col_sort, key=col_sort.__getitem__),
         cells=cells,
         notes=notes,
+        repeated=left_out,
     )
 
 
@@ -364,3 +378,8 @@ def write_gaps(report_table: ReportTable, gaps: Sequence[Gap], out_dir: str | Pa
     return md_path, csv_path
 
 
+
+
+def _engine(run: RunRecord) -> str:
+    """The engine summary.json records (older runs do not say)."""
+    return str(run.summary.get("engine") or "engine not recorded")

@@ -239,7 +239,7 @@ def client_plan(run_config: dict[str, Any], num_supernodes: int, client_cpus: fl
     ConfigError when this machine (or ``machine``, a share of it) cannot serve the config."""
     machine = machine or detect_machine()
     if (problem := resource_problem(client_cpus, client_gpus, machine)) is not None:
-        raise ConfigError(f"--federation-config: {problem}")
+        raise ConfigError(problem)
     if workers is not None and workers < 1:
         raise ConfigError(f"workers = {workers}: give 1 or more (1: the clients one after another)")
     threads = run_config.get("torch-threads", 0)

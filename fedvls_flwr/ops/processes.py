@@ -76,13 +76,40 @@ def die_with_parent() -> None:  # pragma: no cover - runs in the child before ex
 TERMINATING = (signal.SIGTERM, signal.SIGHUP)
 
 
+def stop_signal(err: BaseException) -> signal.Signals | None:
+    """The signal that ``err`` stands for: Ctrl-C's KeyboardInterrupt (SIGINT), or the SystemExit
+    that :func:`stopped_cleanly_on_termination` turns SIGTERM / SIGHUP into; None for anything else."""
+    if isinstance(err, KeyboardInterrupt):
+        return signal.SIGINT
+    if isinstance(err, SystemExit) and isinstance(err.code, int) and err.code - 128 in {int(s) for s in TERMINATING}:
+        return signal.Signals(err.code - 128)
+    return None
+
+
+def say_what_is_kept(stop: BaseException, text: str) -> None:
+    """Give a stop (Ctrl-C, SIGTERM: :func:`stop_signal`) what the stopped command keeps and the
+    command that continues: :func:`stopped_cleanly_on_termination` says it in its one line."""
+    stop.kept = text  # type: ignore[attr-defined]
+
+
+def shell_word(text: str) -> str:
+    """``text`` as one word of a shell command a user can paste: as it is when it is plain,
+    else in double quotes (the run configs' values hold single quotes)."""
+    if text and all(c.isalnum() or c in "-_./=:,@%+" for c in text):
+        return text
+    escaped = "".join("\\" + c if c in '"$`\\' else c for c in text)
+    return f'"{escaped}"'
+
+
 @contextmanager
 def stopped_cleanly_on_termination(who: str) -> Iterator[None]:
     """Inside: SIGTERM and SIGHUP unwind the stack like Ctrl-C, so the ``finally`` blocks and
     context managers that stop, by PID, what this process started still run. Python's default
     for them ends the process at once, and a killed ``fedvls sweep`` left its Ray head running.
     A signal set to be ignored (``nohup``) stays ignored; outside the main thread nothing
-    changes. The exit status is 128 + the signal's number, as a shell reports it."""
+    changes. Any of them, Ctrl-C included, ends in one line on stderr - who stopped, by what,
+    what is kept and how to continue (:func:`say_what_is_kept`), no traceback - and the exit
+    status 128 + the signal's number, as a shell reports it (130 for Ctrl-C)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -96,11 +123,14 @@ def stopped_cleanly_on_termination(who: str) -> Iterator[None]:
             signal.signal(sig, unwind)
     try:
         yield
-    except SystemExit as stop:
-        if isinstance(stop.code, int) and stop.code - 128 in {int(s) for s in TERMINATING}:
-            name = signal.Signals(stop.code - 128).name
-            print(f"{who}: stopped by {name}; every process it started has been stopped", file=sys.stderr)
-        raise
+    except (KeyboardInterrupt, SystemExit) as stop:
+        by = stop_signal(stop)
+        if by is None:
+            raise
+        name = "Ctrl-C (SIGINT)" if by == signal.SIGINT else by.name
+        kept = getattr(stop, "kept", None) or "every process it started has been stopped"
+        print(f"{who}: stopped by {name}; {kept}", file=sys.stderr)
+        raise SystemExit(128 + int(by)) from None
     finally:
         for sig, handler in previous.items():
             if handler == signal.SIG_DFL:

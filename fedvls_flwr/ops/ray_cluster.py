@@ -34,6 +34,20 @@ class RayClusterError(RuntimeError):
     """A Ray cluster could not be started, or one named by ``RAY_ADDRESS`` cannot be used."""
 
 
+def ray_missing() -> str | None:
+    """Why Flower's Ray simulation cannot run from this Python - Ray is not installed, or its import
+    fails (the line Python ends with) - or None. Asked of a fresh interpreter (about a second):
+    importing Ray here would load it into a process that only launches others."""
+    try:
+        done = subprocess.run([sys.executable, "-c", "import ray"], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.SubprocessError) as err:
+        return f"Ray cannot be imported here ({err})"
+    if done.returncode == 0:
+        return None
+    last = next((line for line in reversed(done.stderr.splitlines()) if line.strip()), f"exit {done.returncode}")
+    return f"Ray cannot be imported here ({last.strip()})"
+
+
 def short_temp_dir(prefix: str = "fvray") -> Path:
     """A new folder for one node's ``--temp-dir``: short, because Ray puts Unix sockets in it
     (at most 107 characters a path)."""

@@ -1,15 +1,15 @@
 """How many client workers a run gets, and on which device: the federation config read the way
 Flower's Ray simulation reads it, so that one config means the same on both engines.
 
-Flower sizes its pool of Ray actors from ``client-resources-num-cpus`` and
-``client-resources-num-gpus`` (``flwr/simulation/ray_transport/ray_actor.py``,
-``pool_size_from_resources``): as many actors as the machine's CPUs hold at ``num-cpus`` each
-and, when ``num-gpus`` > 0, as many as its GPUs hold at that share each (Ray packs fractions
-of one GPU: 0.25 puts four actors on every GPU); an actor that asks for no GPU is given none
-(Ray sets ``CUDA_VISIBLE_DEVICES=""``) and computes with ``OMP_NUM_THREADS = num-cpus``. The
-in-process engine's workers (:mod:`fedvls_flwr.ops.client_pool`) are sized by the same rules,
-capped at the number of nodes (a worker without a node has nothing to do), by
-:func:`plan_workers`, a pure function of a :class:`Machine` and the config.
+How many clients a machine runs at once is Flower's rule (``pool_size_from_resources``), kept in
+one place for every caller: :func:`fedvls_flwr.config.client_resources.clients_at_once` (which
+``fedvls check`` and a run's start-up refusal use too). This module adds what only the in-process
+engine needs: which GPU each worker gets (Ray packs fractions of one GPU: 0.25 puts four actors on
+every GPU, and a fraction never spans two GPUs, so the GPU places may be fewer than Flower's
+count: 0.4 on two GPUs is 4 places, not 5), the cap at the number of nodes (a worker without a
+node has nothing to do), the threads (an actor that asks for no GPU is given none, Ray sets
+``CUDA_VISIBLE_DEVICES=""``, and computes with ``OMP_NUM_THREADS = num-cpus``): :func:`plan_workers`,
+a pure function of a :class:`Machine` and the config.
 
 A sweep that runs several runs at once (``fedvls sweep --parallel N``) first splits the machine
 into N shares (:func:`share_machine`), and each run is sized inside its share.
@@ -20,20 +20,26 @@ Standard library only: ``fedvls check`` and the sweep call it without loading to
 from __future__ import annotations
 
 import math
-import os
-import re
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
+
+from fedvls_flwr.config.client_resources import (
+    DEFAULT_CLIENT_CPUS,
+    DEFAULT_CLIENT_GPUS,
+    NodeRoom,
+    node_limits,
+    room_problem,
+    this_machine,
+    visible_gpus,
+)
 
 __all__ = ["Machine", "WorkerPlan", "detect_machine", "plan_workers", "resource_problem", "room_for_runs",
            "share_machine"]
 
 #: Flower's defaults for a simulated client (``client-resources-num-cpus`` and ``-num-gpus``).
-FLOWER_DEFAULT_CLIENT_CPUS = 2.0
-FLOWER_DEFAULT_CLIENT_GPUS = 0.0
+FLOWER_DEFAULT_CLIENT_CPUS = DEFAULT_CLIENT_CPUS
+FLOWER_DEFAULT_CLIENT_GPUS = DEFAULT_CLIENT_GPUS
 #: Float slack when counting how many shares fit (1 / 0.1 must give 10).
 _EPS = 1e-9
 
@@ -49,6 +55,10 @@ class Machine:
     @property
     def gpu_count(self) -> int:
         return len(self.gpus)
+
+    def room(self) -> NodeRoom:
+        """This machine (or share) as one Ray node: its cores and its GPUs, parts of one summed."""
+        return NodeRoom(float(self.cores), float(sum(share for _, share in self.gpus)))
 
     def describe(self) -> str:
         cores = f"{self.cores:g} core{'s' if self.cores != 1 else ''}"
@@ -111,60 +121,70 @@ def gpu_slots(machine: Machine, num_gpus: float) -> list[tuple[int, ...]]:
     return [tuple(whole[i:i + size]) for i in range(0, len(whole) - size + 1, size)]
 
 
+def _limits(machine: Machine, num_cpus: float, num_gpus: float) -> dict[str, int]:
+    """What bounds the clients ``machine`` runs at once: Flower's count per resource
+    (:func:`~fedvls_flwr.config.client_resources.node_limits`, the machine as one Ray node) and,
+    with a GPU share, the places Ray can put one (:func:`gpu_slots`)."""
+    limits = node_limits(machine.room(), num_cpus, num_gpus)
+    if num_gpus > 0:
+        limits["GPU places"] = len(gpu_slots(machine, num_gpus))
+    return limits
+
+
 def plan_workers(machine: Machine, num_cpus: float, num_gpus: float, nodes: int, *, torch_threads: int = 0,
                  most: int | None = None) -> WorkerPlan:
     """The client workers for ``nodes`` nodes at ``num_cpus`` CPUs and ``num_gpus`` GPUs each:
-    min(cores / num-cpus, the GPU slots when num-gpus > 0, nodes, ``most``), at least one
-    (a config the machine cannot serve is :func:`resource_problem`'s to refuse first). Threads:
-    the run's ``torch-threads`` when > 0, else num-cpus (Ray's ``OMP_NUM_THREADS``)."""
-    limits = {"cores": math.floor(machine.cores / num_cpus + _EPS) if num_cpus > 0 else nodes, "nodes": nodes}
-    slots = gpu_slots(machine, num_gpus)
-    if num_gpus > 0:
-        limits["GPU share"] = len(slots)
+    Flower's count of clients at once on ``machine`` (:func:`_limits`), at most ``nodes`` and
+    ``most``, at least one (a config the machine cannot serve is :func:`resource_problem`'s to
+    refuse first). Threads: the run's ``torch-threads`` when > 0, else num-cpus (Ray's
+    ``OMP_NUM_THREADS``)."""
+    limits = {**_limits(machine, num_cpus, num_gpus), "nodes": nodes}
     if most is not None:
         limits["asked"] = most
     count = max(1, min(limits.values()))
+    slots = gpu_slots(machine, num_gpus)
     devices = tuple(slots[:count]) if num_gpus > 0 and slots else ((),) * count
     omp_threads = max(1, int(num_cpus))
     threads = torch_threads if torch_threads > 0 else omp_threads
     bound = min(limits, key=lambda k: limits[k])
-    why = {"cores": f" ({machine.cores:g} cores / client-resources-num-cpus={num_cpus:g})",
+    why = {"CPUs": f" ({machine.cores:g} cores / client-resources-num-cpus={num_cpus:g})",
+           "GPUs": f" ({machine.room().gpus:g} GPU(s) / client-resources-num-gpus={num_gpus:g})",
+           "GPU places": f" ({machine.gpu_count} GPU(s) at client-resources-num-gpus={num_gpus:g} each)",
            "nodes": f" (one per node: {nodes} nodes)",
-           "GPU share": f" ({machine.gpu_count} GPU(s) / client-resources-num-gpus={num_gpus:g})",
            "asked": " (as asked)"}[bound]
     return WorkerPlan(devices, threads, omp_threads, gpu_free_machine=not machine.gpus, why=why)
 
 
 def resource_problem(num_cpus: float, num_gpus: float, machine: Machine, *, where: str = "this machine") -> str | None:
     """Why no client can start on ``machine`` with these client resources (and how to fix it),
-    or None. The same rules refuse a config for ``fedvls run``, ``fedvls sweep`` and
-    ``fedvls check``; under ``flwr run .`` Ray would fail later ("The ActorPool is empty")."""
+    or None: the refusal ``fedvls check`` and ``flwr run``'s ServerApp give
+    (:func:`~fedvls_flwr.config.client_resources.room_problem`, Flower's count of 0), then what
+    only the in-process engine cannot place (a share of a GPU above 1 that is not whole GPUs).
+    ``fedvls run``, ``fedvls sweep`` and :func:`fedvls_flwr.ops.inprocess.client_plan` ask it."""
     if num_cpus <= 0 or not math.isfinite(num_cpus):
-        return f"client-resources-num-cpus = {num_cpus:g} must be a number > 0 (the CPUs each client gets), e.g. 1"
+        return (f"--federation-config client-resources-num-cpus = {num_cpus:g} must be a number > 0 (the CPUs each "
+                "client gets), e.g. 1")
     if num_gpus < 0 or not math.isfinite(num_gpus):
-        return f"client-resources-num-gpus = {num_gpus:g} must be >= 0 (the share of a GPU each client gets), e.g. 0.25"
-    if num_cpus > machine.cores + _EPS:
-        return (f"client-resources-num-cpus = {num_cpus:g} but {where} has {machine.cores:g} core(s): no client "
-                f"could start. Fix: client-resources-num-cpus={max(1, int(machine.cores))} or less")
+        return (f"--federation-config client-resources-num-gpus = {num_gpus:g} must be >= 0 (the share of a GPU each "
+                "client gets), e.g. 0.25")
+    federation = {"client-resources-num-cpus": num_cpus, "client-resources-num-gpus": num_gpus}
+    if (problem := room_problem(federation, [machine.room()], where, engine="inprocess")) is not None:
+        return problem
     if num_gpus > 1 + _EPS and abs(num_gpus - round(num_gpus)) > _EPS:
-        return (f"client-resources-num-gpus = {num_gpus:g}: a client takes a share of one GPU (at most 1, e.g. "
-                "0.25: four clients per GPU) or whole GPUs (2, 3, ...), as Ray places them")
-    if num_gpus > 0 and not machine.gpus:
-        return (f"client-resources-num-gpus = {num_gpus:g} asks for a GPU share per client, but {where} has no GPU "
-                f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')!s}). Fix: "
-                "client-resources-num-gpus=0 to train on the CPU, or run on a machine with a GPU")
+        return (f"--federation-config client-resources-num-gpus = {num_gpus:g}: the in-process engine gives a client "
+                "a share of one GPU (at most 1, e.g. 0.25: four clients per GPU) or whole GPUs (2, 3, ...). Give one "
+                "of those")
     if num_gpus > 0 and not gpu_slots(machine, num_gpus):
-        return (f"client-resources-num-gpus = {num_gpus:g} but {where} has {machine.describe()}: no client fits. "
-                f"Fix: client-resources-num-gpus={min(1.0, max((s for _, s in machine.gpus), default=1.0)):g} or less")
+        return (f"--federation-config client-resources-num-gpus = {num_gpus:g} but {where} has {machine.describe()}: "
+                "no client fits on one GPU. Give "
+                f"client-resources-num-gpus={min(1.0, max((s for _, s in machine.gpus), default=1.0)):g} or less")
     return None
 
 
 def room_for_runs(machine: Machine, num_cpus: float, num_gpus: float) -> int:
-    """How many runs at once give each at least one client worker (0: not even one run)."""
-    room = math.floor(machine.cores / num_cpus + _EPS) if num_cpus > 0 else 0
-    if num_gpus > 0:
-        room = min(room, len(gpu_slots(machine, num_gpus)))
-    return room
+    """How many runs at once give each at least one client worker (0: not even one run): the
+    clients ``machine`` runs at once, as :func:`plan_workers` counts them."""
+    return min(_limits(machine, num_cpus, num_gpus).values())
 
 
 def share_machine(machine: Machine, parallel: int) -> list[Machine]:
@@ -192,56 +212,14 @@ def share_machine(machine: Machine, parallel: int) -> list[Machine]:
 
 
 # ---- this machine -------------------------------------------------------------------------
-def usable_cores() -> int:
-    """The cores this process may run on: its CPU affinity, less a cgroup's CPU quota (a
-    container's ``--cpus``), as Ray counts them."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
-        if quota != "max":
-            cores = min(cores, max(1, math.floor(int(quota) / int(period))))
-    except (OSError, ValueError):
-        pass
-    return max(1, cores)
-
-
-def visible_gpu_count() -> int:
-    """The GPUs this process may use: torch's count where torch is already loaded, else
-    ``CUDA_VISIBLE_DEVICES`` when set, else the NVIDIA device files (no torch import: a sweep
-    or ``fedvls check`` pays nothing for it)."""
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        try:
-            return int(torch.cuda.device_count())
-        except Exception:  # noqa: BLE001 - a broken CUDA setup: no GPU for us
-            return 0
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    devices = sorted(p.name for p in Path("/dev").glob("nvidia*") if re.fullmatch(r"nvidia\d+", p.name))
-    if visible is not None:
-        entries = []
-        for entry in visible.split(","):
-            if not entry.strip() or entry.strip().startswith("-"):
-                break  # CUDA stops at the first invalid entry
-            entries.append(entry)
-        return len(entries) if devices or Path("/proc/driver/nvidia").exists() else 0
-    return len(devices)
-
-
 def detect_machine(federation: Mapping[str, Any] | None = None) -> Machine:
-    """This machine as the simulation would see it: its cores and GPUs, or what Ray's
-    ``init-args-num-cpus`` / ``init-args-num-gpus`` in ``federation`` give Ray instead (Ray
-    takes them as they are; GPUs no more than there are)."""
-    federation = federation or {}
-    cores: float = usable_cores()
-    gpus = visible_gpu_count()
-    if isinstance(federation.get("init-args-num-cpus"), (int, float)):
-        cores = float(federation["init-args-num-cpus"])
-    if isinstance(federation.get("init-args-num-gpus"), (int, float)):
-        gpus = min(gpus, int(federation["init-args-num-gpus"]))
-    return Machine(cores, tuple((i, 1.0) for i in range(gpus)))
+    """This machine as the simulation would see it
+    (:func:`~fedvls_flwr.config.client_resources.this_machine`: its cores and GPUs, or what
+    Ray's ``init-args-num-cpus`` / ``init-args-num-gpus`` in ``federation`` declare), with no
+    more GPUs than there are (a worker cannot use a GPU that is only declared)."""
+    room = this_machine(federation or {})
+    gpus = min(int(room.gpus), visible_gpus())
+    return Machine(room.cpus, tuple((i, 1.0) for i in range(gpus)))
 
 
 def cuda_visible_devices(gpus: tuple[int, ...], parent: str | None = None) -> str:

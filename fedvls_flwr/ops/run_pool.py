@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import sys
 import time
 import traceback
@@ -54,6 +55,7 @@ class Outcome:
 
 def _worker(conn: Connection, threads: int, share: Machine | None) -> None:  # pragma: no cover - a worker process
     die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the sweep stops its workers
     if share is not None and share.gpus:  # this worker's GPUs only, numbered from 0 as its runs see them
         os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices(tuple(i for i, _ in share.gpus),
                                                                   os.environ.get("CUDA_VISIBLE_DEVICES"))

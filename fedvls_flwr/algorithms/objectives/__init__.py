@@ -1,8 +1,6 @@
-"""Local training objectives, one class per method (registered in :mod:`fedvls_flwr.config.registry`).
+"""Local training objectives: one class per method, its spec beside it (``<module>_spec.py``).
 
-``base`` holds the interface and the factory; ``fedvls`` the method; ``baselines`` the others.
+``base`` holds the interface and FedAvg's cross-entropy; ``fedvls`` the method; ``fedmr`` and
+``baselines`` the others. This ``__init__`` imports nothing, so the torch-free specs can be
+imported (by :mod:`fedvls_flwr.config.registry`) without torch.
 """
-
-from fedvls_flwr.algorithms.objectives.base import MASK_VALUE, PRIOR_EPS, Objective, build_objective
-
-__all__ = ["MASK_VALUE", "PRIOR_EPS", "Objective", "build_objective"]

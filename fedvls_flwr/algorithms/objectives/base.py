@@ -1,9 +1,10 @@
-"""The local objective's interface, shared helpers, FedAvg's plain cross-entropy, and the factory.
+"""The local objective's interface, shared helpers and FedAvg's plain cross-entropy.
 
 Plain PyTorch; no Flower import. The formulas, their papers and where the authors' code
-differs are in docs/methods.md. Each objective is registered, with its run-config keys, in
-:mod:`fedvls_flwr.config.registry`; :func:`build_objective` hands it exactly those keys (kebab-case,
-as users write them), already checked against their declared rules.
+differs are in docs/methods.md. Each objective declares itself, with its run-config keys, in
+its spec beside its module (``<module>_spec.py``); :mod:`fedvls_flwr.algorithms.build` hands it
+exactly those keys (kebab-case, as users write them), already checked against their declared
+rules, and an :class:`~fedvls_flwr.algorithms.parts.ObjectiveContext`.
 
 Conventions
 -----------
@@ -28,6 +29,15 @@ Conventions
 * Half / bfloat16 logits are upcast to float32; float32 / float64 are kept.
 * Removed classes are masked with a finite constant (``MASK_VALUE``) rather than ``-inf``,
   so that values and gradients stay finite in every degenerate case.
+* A CUDA graph of the step (:mod:`fedvls_flwr.algorithms.graphed`) keeps one objective for
+  every client of the same :meth:`Objective.graph_signature` and copies each client's values
+  into it (:meth:`Objective.load_client`): everything the step reads that depends on the
+  client is one of the tensors named in ``client_tensors``, of a shape fixed by the number of
+  classes. Objectives whose eager step selects classes by index (FedVLS) or splits the batch
+  by class (FedMR) compute the same values with masks when built with
+  ``ObjectiveContext(fixed_shapes=True)``.
+* State kept between rounds (MOON's previous local model) is the objective's client state:
+  :meth:`Objective.load_client_state` before the round, :meth:`Objective.client_state` after it.
 """
 
 from __future__ import annotations
@@ -39,10 +49,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedvls_flwr.algorithms.parts import PartContext, build_part
+from fedvls_flwr.algorithms.parts import ObjectiveContext, StateDict, build_part, keeps_nothing
 from fedvls_flwr.config.registry import method_settings
 
-__all__ = ["MASK_VALUE", "PRIOR_EPS", "Objective", "FedAvgObjective", "as_float", "kl_log", "build_objective"]
+__all__ = [
+    "MASK_VALUE", "PRIOR_EPS", "Objective", "FedAvgObjective", "as_float", "build_objective", "kl_log", "objective_for",
+]
 
 #: Finite stand-in for -inf: a masked logit contributes exp(MASK_VALUE - max) == 0 exactly.
 MASK_VALUE = -1e9
@@ -75,9 +87,9 @@ Features = Literal["penultimate", "projection"]
 class Objective:
     """Base class. Subclasses implement :meth:`_compute`.
 
-    The class attributes below are the hooks the training loop and the model builder read;
-    everything else about a method (its label, its settings) is its registry entry
-    (:mod:`fedvls_flwr.config.registry`).
+    The class attributes below are the hooks the training loop reads; everything else about a
+    method (its label, its settings, a wrapper of its network) is its spec
+    (:class:`fedvls_flwr.config.spec.Part`, beside its module).
     """
 
     name: ClassVar[str] = ""
@@ -87,20 +99,14 @@ class Objective:
     #: Whether this client's loss reads the teacher (set per instance: FedVLS needs it only
     #: with at least two vacant classes).
     needs_teacher: bool = False
+    #: The attributes holding what the step reads of the client (tensors derived from its class
+    #: counts, shaped by the number of classes only): what :meth:`load_client` copies.
+    client_tensors: ClassVar[tuple[str, ...]] = ()
+    #: This client's model after its previous round, when the teacher reads it
+    #: (``teacher_output = "projections"``, MOON): restored from the client state, None the first time.
+    previous_model: StateDict | None = None
 
-    @classmethod
-    def projection_head(cls) -> bool:
-        """Its model carries a projection head between the features and the classifier (MOON)."""
-        return cls.features == "projection"
-
-    @property
-    def keeps_previous_model(self) -> bool:
-        """It keeps this client's model for the next round (Flower's ``Context.state``)."""
-        return self.teacher_output == "projections"
-
-    def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
-        if context.class_counts is None:
-            raise ValueError("an objective is built for a client: its class counts are needed (PartContext.class_counts)")
+    def __init__(self, settings: Mapping[str, Any], context: ObjectiveContext) -> None:
         counts = torch.as_tensor(context.class_counts)
         if counts.dim() != 1 or counts.numel() == 0:
             raise ValueError(f"class_counts must be a non-empty 1-D tensor, got shape {tuple(counts.shape)}")
@@ -115,7 +121,8 @@ class Objective:
         total = int(counts.sum())
         if total <= 0:
             raise ValueError("class_counts must sum to a positive number (the client holds no sample)")
-        self.params = params
+        self.settings = settings
+        self.fixed_shapes = context.fixed_shapes
         self.device = counts.device
         self.class_counts = counts
         self.num_classes = int(counts.numel())
@@ -139,6 +146,25 @@ class Objective:
             self._cache[ck] = t
         return t
 
+    # -- CUDA graphs -----------------------------------------------------------------------
+    def graph_signature(self) -> tuple[Any, ...]:
+        """Everything about this objective that shapes a captured step, besides the values of
+        its ``client_tensors``: two clients with the same signature can share one CUDA graph."""
+        return (type(self).__name__, tuple(sorted(self.settings.items())), self.num_classes, self.needs_teacher)
+
+    def load_client(self, other: Objective) -> None:
+        """Make this objective compute ``other``'s loss (built for another client, same
+        :meth:`graph_signature`) by copying its per-client tensors into this one's, in place,
+        together with their cached casts (:meth:`_buf`)."""
+        if other.graph_signature() != self.graph_signature():
+            raise ValueError(f"cannot load a client of {other.graph_signature()} into {self.graph_signature()}")
+        with torch.no_grad():
+            for name in self.client_tensors:
+                getattr(self, name).copy_(getattr(other, name))
+            for (name, dtype), cast in self._cache.items():
+                cast.copy_(getattr(other, name).to(dtype))
+        self.class_counts, self.num_samples = other.class_counts, other.num_samples
+
     # -- public API ----------------------------------------------------------------------
     def prepare_teacher(self, teacher_logits: Tensor, targets: Tensor) -> Tensor | None:
         """What this loss needs of the frozen teacher, per sample (None if nothing).
@@ -151,11 +177,23 @@ class Objective:
     @property
     def teacher_mode(self) -> str:
         """Mode the frozen teacher runs in ("eval" or "train")."""
-        return str(self.params.get("teacher-mode", "eval"))
+        return str(self.settings.get("teacher-mode", "eval"))
 
     def bind_global(self, model: torch.nn.Module) -> None:
         """Called once per round before training, while ``model`` holds the received global
-        weights (FedProx keeps a copy of them)."""
+        weights (FedProx keeps a copy of them, in place when it already has one: a graphed step
+        reads it from the same tensors every round)."""
+
+    # -- client state ------------------------------------------------------------------------
+    def load_client_state(self, state: StateDict) -> None:
+        """What this objective kept in the node's last round (empty the first time); the default
+        keeps nothing."""
+        keeps_nothing(self, state)
+
+    def client_state(self, trained: torch.nn.Module) -> StateDict:
+        """What to keep for the node's next round, given the model this round trained; the
+        default keeps nothing."""
+        return {}
 
     def after_backward(self, params: list[torch.nn.Parameter]) -> Tensor | None:
         """Called after every backward pass: a term that acts on the weights rather than the
@@ -230,7 +268,7 @@ class Objective:
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(num_classes={self.num_classes}, vacant={self.num_vacant}, "
-            f"needs_teacher={self.needs_teacher}, params={self.params})"
+            f"needs_teacher={self.needs_teacher}, settings={self.settings})"
         )
 
 
@@ -244,13 +282,18 @@ class FedAvgObjective(Objective):
         return {"ce": F.cross_entropy(logits, targets)}
 
 
-def build_objective(method: str, class_counts: Tensor, params: Mapping[str, Any] | None = None) -> Objective:
-    """The objective of ``method`` for a client with ``class_counts`` (C,), with ``params``
-    (some or all of the method's keys; defaults for the others): :func:`build_part` for the
-    tests and the reference loop, which name the method and its keys directly. A key no
-    objective declares is an error, so a typo in a test cannot pass for a default."""
+def build_objective(values: Mapping[str, Any], context: ObjectiveContext) -> Objective:
+    """The objective a run config (``values``) selects, built for a client (``context``)."""
+    return build_part("method", values, context, Objective)
+
+
+def objective_for(method: str, class_counts: Tensor, settings: Mapping[str, Any] | None = None) -> Objective:
+    """The objective of ``method`` for a client with ``class_counts`` (C,), with ``settings``
+    (some or all of the method's keys; defaults for the others): for the tests, which name the
+    method and its keys directly. A key no objective declares is an error, so a typo in a test
+    cannot pass for a default."""
     known = {s.key for s in method_settings()}
-    unknown = sorted(set(params or {}) - known)
+    unknown = sorted(set(settings or {}) - known)
     if unknown:
-        raise ValueError(f"unknown objective parameter(s) {unknown}; known: {sorted(known)}")
-    return build_part("method", {**(params or {}), "method": method}, PartContext(class_counts=class_counts))
+        raise ValueError(f"unknown objective setting(s) {unknown}; known: {sorted(known)}")
+    return build_objective({**(settings or {}), "method": method}, ObjectiveContext(class_counts))

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedvls_flwr.algorithms.objectives.base import MASK_VALUE, Objective, as_float, kl_log
-from fedvls_flwr.algorithms.parts import PartContext
+from fedvls_flwr.algorithms.parts import ObjectiveContext, StateDict
+from fedvls_flwr.models import ProjectionModel
 
 
 class FedLCObjective(Objective):
@@ -25,13 +26,14 @@ class FedLCObjective(Objective):
 
     name = "fedlc"
     term_names = ("ce",)
+    client_tensors = ("present", "margin")
 
-    def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
-        super().__init__(params, context)
-        self.form = params["fedlc-form"]
+    def __init__(self, settings: Mapping[str, Any], context: ObjectiveContext) -> None:
+        super().__init__(settings, context)
+        self.form = settings["fedlc-form"]
         n = self.class_counts.double().clamp(min=1.0)  # clamp: never 0^(-1/4)
         self.margin = torch.where(
-            self.present, params["fedlc-tau"] * n.pow(-0.25), torch.zeros_like(n)
+            self.present, settings["fedlc-tau"] * n.pow(-0.25), torch.zeros_like(n)
         )  # (C,) float64
 
     def _compute(self, logits: Tensor, targets: Tensor, teacher: Tensor | None) -> dict[str, Tensor]:
@@ -50,12 +52,12 @@ class FedNTDObjective(Objective):
     name = "fedntd"
     term_names = ("ce", "ntd")
 
-    def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
-        super().__init__(params, context)
+    def __init__(self, settings: Mapping[str, Any], context: ObjectiveContext) -> None:
+        super().__init__(settings, context)
         if self.num_classes < 2:
             raise ValueError("FedNTD needs at least 2 classes")
-        self.beta = float(params["fedntd-beta"])
-        self.tau = float(params["fedntd-tau"])
+        self.beta = float(settings["fedntd-beta"])
+        self.tau = float(settings["fedntd-tau"])
         # the teacher can change the loss only through the beta-weighted term
         self.needs_teacher = self.beta != 0.0
         self._cols = torch.arange(self.num_classes - 1, device=self.device)  # (C-1,)
@@ -93,13 +95,18 @@ class FedProxObjective(Objective):
     name = "fedprox"
     term_names = ("ce", "prox")
 
-    def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
-        super().__init__(params, context)
-        self.mu = float(params["fedprox-mu"])
+    def __init__(self, settings: Mapping[str, Any], context: ObjectiveContext) -> None:
+        super().__init__(settings, context)
+        self.mu = float(settings["fedprox-mu"])
         self.anchor: list[Tensor] = []
 
     def bind_global(self, model: torch.nn.Module) -> None:
-        self.anchor = [p.detach().clone() for p in model.parameters() if p.requires_grad]
+        params = [p.detach() for p in model.parameters() if p.requires_grad]
+        if [a.shape for a in self.anchor] == [p.shape for p in params] and self.anchor:
+            with torch.no_grad():
+                torch._foreach_copy_(self.anchor, params)
+        else:
+            self.anchor = [p.clone() for p in params]
 
     def after_backward(self, params: list[torch.nn.Parameter]) -> Tensor | None:
         if not self.anchor:
@@ -126,12 +133,13 @@ class FedRSObjective(Objective):
 
     name = "fedrs"
     term_names = ("ce",)
+    client_tensors = ("scale",)
 
-    def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
-        super().__init__(params, context)
-        alpha = float(params["fedrs-alpha"])
+    def __init__(self, settings: Mapping[str, Any], context: ObjectiveContext) -> None:
+        super().__init__(settings, context)
+        alpha = float(settings["fedrs-alpha"])
         counts = self.class_counts.double()
-        if params["fedrs-form"] == "binary":
+        if settings["fedrs-form"] == "binary":
             self.scale = torch.where(self.present, counts.new_ones(()), counts.new_full((), alpha))
         else:
             self.scale = alpha + (1 - alpha) * counts / counts.max()
@@ -149,7 +157,8 @@ class MOONObjective(Objective):
     positive), z_prev that of this client's model after its previous local training (the
     negative); both frozen, in eval mode. A client training for the first time has no
     previous model: the term is 0 then, as in the MOON authors' code (its pool of previous
-    models is empty in the first round).
+    models is empty in the first round). The previous model is MOON's client state: the
+    trained model's weights, kept for the node's next round.
     """
 
     name = "moon"
@@ -157,15 +166,23 @@ class MOONObjective(Objective):
     teacher_output = "projections"
     features = "projection"
 
-    def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
-        super().__init__(params, context)
-        self.mu = float(params["moon-mu"])
-        self.tau = float(params["moon-tau"])
+    def __init__(self, settings: Mapping[str, Any], context: ObjectiveContext) -> None:
+        super().__init__(settings, context)
+        self.mu = float(settings["moon-mu"])
+        self.tau = float(settings["moon-tau"])
         self.needs_teacher = self.mu != 0.0
 
     @property
     def teacher_mode(self) -> str:
         return "eval"
+
+    def load_client_state(self, state: StateDict) -> None:
+        """This client's model after its previous round (none the first time)."""
+        self.previous_model = dict(state) or None
+
+    def client_state(self, trained: torch.nn.Module) -> StateDict:
+        """The model this round trained: the next round's negative."""
+        return {k: v.detach().cpu().clone() for k, v in trained.state_dict().items()}
 
     def prepare_teacher(self, teacher_logits: Tensor, targets: Tensor) -> Tensor | None:
         """Unit-length z_g (and z_prev when there is a previous model), side by side."""
@@ -176,7 +193,7 @@ class MOONObjective(Objective):
         return torch.cat([F.normalize(h, dim=1) for h in halves], dim=1)
 
     def has_previous(self, teacher: Tensor) -> bool:
-        return teacher.shape[1] == 2 * int(self.params["moon-projection-dim"])
+        return teacher.shape[1] == 2 * int(self.settings["moon-projection-dim"])
 
     def _compute_with_features(
         self, logits: Tensor, targets: Tensor, teacher: Tensor | None, features: Tensor
@@ -204,12 +221,13 @@ class FedLMDObjective(Objective):
 
     name = "fedlmd"
     term_names = ("ce", "lmd")
+    client_tensors = ("major",)
     MASK = 1000.0
 
-    def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
-        super().__init__(params, context)
-        self.beta = float(params["fedlmd-beta"])
-        self.tau = float(params["fedlmd-tau"])
+    def __init__(self, settings: Mapping[str, Any], context: ObjectiveContext) -> None:
+        super().__init__(settings, context)
+        self.beta = float(settings["fedlmd-beta"])
+        self.tau = float(settings["fedlmd-tau"])
         counts = self.class_counts.double()
         self.major = (counts > counts.mean()).double() * self.MASK  # (C,)
         self.needs_teacher = self.beta != 0.0
@@ -242,9 +260,9 @@ class FedDecorrObjective(Objective):
     term_names = ("ce", "decorr")
     features = "penultimate"
 
-    def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
-        super().__init__(params, context)
-        self.beta = float(params["feddecorr-beta"])
+    def __init__(self, settings: Mapping[str, Any], context: ObjectiveContext) -> None:
+        super().__init__(settings, context)
+        self.beta = float(settings["feddecorr-beta"])
 
     def _compute_with_features(
         self, logits: Tensor, targets: Tensor, teacher: Tensor | None, features: Tensor
@@ -258,3 +276,9 @@ class FedDecorrObjective(Objective):
         k = h.T @ h
         off = k.square().sum() - k.diagonal().square().sum()
         return {"ce": ce, "decorr": self.beta * off / (d * (d - 1)) / n}
+
+
+def with_projection_head(model: torch.nn.Module, settings: Mapping[str, Any], num_classes: int) -> torch.nn.Module:
+    """MOON's network: the model zoo's, with a projection head of ``moon-projection-dim`` outputs
+    between its features and a new classifier (the spec's ``wraps_model``)."""
+    return ProjectionModel(model, int(settings["moon-projection-dim"]), num_classes)

@@ -26,17 +26,15 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedvls_flwr.algorithms.objectives.base import Objective, as_float
-from fedvls_flwr.algorithms.parts import PartContext
+from fedvls_flwr.algorithms.parts import ObjectiveContext
 
 #: The authors' epsilon inside the square root of the per-class variance.
 MR_EPS = 1e-8
 
 
-def manifold_reshaping_term(h: Tensor, y: Tensor, num_classes: int) -> Tensor:
-    """The authors' R(h, y) (see the module docstring); h (B, D), y (B,)."""
-    n, d = h.shape
-    if d <= 1:
-        return h.new_zeros(())
+def _standardised(h: Tensor, y: Tensor, num_classes: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Z: each row of h standardised within its class (rows of classes seen once zeroed), the
+    one-hot labels, and the number of samples of the counted classes."""
     onehot = F.one_hot(y, num_classes).to(h.dtype)  # (B, C)
     counts = onehot.sum(dim=0)  # (C,)
     counted = (counts >= 2).to(h.dtype)
@@ -44,12 +42,42 @@ def manifold_reshaping_term(h: Tensor, y: Tensor, num_classes: int) -> Tensor:
     centered = h - mean[y]
     var = (onehot.T @ centered.square()) / (counts - 1).clamp(min=1).unsqueeze(1)
     z = centered / torch.sqrt(var[y] + MR_EPS) * counted[y].unsqueeze(1)
+    return z, onehot, (counts * counted).sum()
+
+
+def _mean_square(off_sum: Tensor, d: int, total: Tensor) -> Tensor:
+    """The off-diagonal sum of squares as the authors average it."""
+    return off_sum / (d * (d - 1)) / total.clamp(min=1)
+
+
+def manifold_reshaping_term(h: Tensor, y: Tensor, num_classes: int) -> Tensor:
+    """The authors' R(h, y) (see the module docstring); h (B, D), y (B,)."""
+    n, d = h.shape
+    if d <= 1:
+        return h.new_zeros(())
+    z, _, total = _standardised(h, y, num_classes)
     by_class = torch.split(z[torch.argsort(y, stable=True)], torch.bincount(y, minlength=num_classes).tolist())
     off_diagonal = 1.0 - torch.eye(d, dtype=h.dtype, device=h.device)
     off_sum = sum((((rows.T @ rows).square() * off_diagonal).sum() for rows in by_class if rows.shape[0] >= 2),
                   h.new_zeros(()))
-    total = (counts * counted).sum()
-    return off_sum / (d * (d - 1)) / total.clamp(min=1)
+    return _mean_square(off_sum, d, total)
+
+
+def manifold_reshaping_term_fixed(h: Tensor, y: Tensor, num_classes: int) -> Tensor:
+    """:func:`manifold_reshaping_term` in fixed shapes, without reading the class counts back
+    to the host (a CUDA graph's step): the off-diagonal sum of squares of every G_c as the sum
+    over same-class pairs of samples of (z_a . z_b)^2 (||Z_c^T Z_c||_F = ||Z_c Z_c^T||_F) minus
+    the squared diagonals, both in float64, where the difference of the two large sums that
+    cancels badly in float32 (module docstring) keeps about nine more digits."""
+    n, d = h.shape
+    if d <= 1:
+        return h.new_zeros(())
+    z, onehot, total = _standardised(h, y, num_classes)
+    z = z.double()
+    same_class = (y[:, None] == y[None, :]).double()
+    whole = ((z @ z.T).square() * same_class).sum()
+    diagonal = (onehot.double().T @ z.square()).square().sum()
+    return _mean_square((whole - diagonal).to(h.dtype), d, total)
 
 
 class FedMRObjective(Objective):
@@ -59,9 +87,9 @@ class FedMRObjective(Objective):
     term_names = ("ce", "deco")
     features = "penultimate"
 
-    def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
-        super().__init__(params, context)
-        self.deco = float(params["fedmr-deco"])
+    def __init__(self, settings: Mapping[str, Any], context: ObjectiveContext) -> None:
+        super().__init__(settings, context)
+        self.deco = float(settings["fedmr-deco"])
 
     def _compute_with_features(
         self, logits: Tensor, targets: Tensor, teacher: Tensor | None, features: Tensor
@@ -69,5 +97,6 @@ class FedMRObjective(Objective):
         ce = F.cross_entropy(logits, targets)
         if self.deco == 0.0:
             return {"ce": ce, "deco": logits.new_zeros(())}  # FedAvg exactly: no extra op in the graph
-        r = manifold_reshaping_term(as_float(features).flatten(1), targets, self.num_classes)
+        term = manifold_reshaping_term_fixed if self.fixed_shapes else manifold_reshaping_term
+        r = term(as_float(features).flatten(1), targets, self.num_classes)
         return {"ce": ce, "deco": self.deco * r}

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedvls_flwr.algorithms.objectives.base import MASK_VALUE, PRIOR_EPS, Objective, as_float
-from fedvls_flwr.algorithms.parts import PartContext
+from fedvls_flwr.algorithms.parts import ObjectiveContext
 
 
 class FedVLSObjective(Objective):
@@ -33,12 +33,12 @@ class FedVLSObjective(Objective):
     paper = False
     logit_weight_key = "logit-weight"
 
-    def __init__(self, params: Mapping[str, Any], context: PartContext) -> None:
-        super().__init__(params, context)
-        self.lambda_dis = float(params["lambda-dis"])
-        self.logit_weight = float(params[self.logit_weight_key])
-        self.use_dis = bool(params["use-dis"]) and self.num_vacant >= 2 and self.lambda_dis != 0.0
-        self.use_logit = bool(params["use-logit"]) and self.logit_weight != 0.0
+    def __init__(self, settings: Mapping[str, Any], context: ObjectiveContext) -> None:
+        super().__init__(settings, context)
+        self.lambda_dis = float(settings["lambda-dis"])
+        self.logit_weight = float(settings[self.logit_weight_key])
+        self.use_dis = bool(settings["use-dis"]) and self.num_vacant >= 2 and self.lambda_dis != 0.0
+        self.use_logit = bool(settings["use-logit"]) and self.logit_weight != 0.0
         self.needs_teacher = self.use_dis
         C = self.num_classes
         log_prior_eps = torch.log(self.prior + PRIOR_EPS)  # (C,) float64
@@ -54,12 +54,31 @@ class FedVLSObjective(Objective):
         self.logit_shift = (-log_prior_eps + math.log(1.0 / C))[self.present_idx]  # (P,)
         # sum_c p(c) over the present classes: 1 up to rounding, kept exact for the log(B) term
         self.prior_mass = float(self.logit_prior.sum())
+        if self.fixed_shapes:
+            # the same quantities over all C classes, zero weight on the vacant ones (a CUDA graph's step)
+            self.weighted_prior_all = self.logit_weight * self.prior
+            self.logit_shift_all = -log_prior_eps + math.log(1.0 / C)
+            self.prior_mass_all = self.logit_prior.sum()
+            self.class_row = torch.arange(C, device=self.device)[None, :]
+
+    @property
+    def client_tensors(self) -> tuple[str, ...]:  # type: ignore[override]
+        return ("cal_bias", "vacant", "weighted_prior_all", "logit_shift_all", "prior_mass_all") \
+            if self.fixed_shapes else ()
+
+    def graph_signature(self) -> tuple[Any, ...]:
+        return (*super().graph_signature(), self.use_dis, self.use_logit)
 
     def prepare_teacher(self, teacher_logits: Tensor, targets: Tensor) -> Tensor | None:
         """Per sample: the teacher's softmax over the vacant classes, q_g (V columns), and
         sum_v q_g log q_g (one column), the part of the KL that the student cannot change."""
         if not self.use_dis:
             return None
+        if self.fixed_shapes:  # C columns, zero outside the vacant classes, then the constant
+            g = torch.where(self.vacant, as_float(teacher_logits.detach()), MASK_VALUE)
+            log_q = F.log_softmax(g, dim=1)
+            q = log_q.exp()
+            return torch.cat([q, torch.where(self.vacant, q * log_q, 0.0).sum(dim=1, keepdim=True)], dim=1)
         g = as_float(teacher_logits.detach()).index_select(1, self.vacant_idx)
         log_q = F.log_softmax(g, dim=1)
         q = log_q.exp()
@@ -83,9 +102,16 @@ class FedVLSObjective(Objective):
     def _dis(self, f: Tensor, teacher: Tensor, grad: Tensor) -> Tensor:
         """lambda * KL(q_g || softmax(f_O)), batch mean; adds its gradient into ``grad``."""
         B, V = f.shape[0], self.num_vacant
+        scale = self.lambda_dis / B
+        if self.fixed_shapes:  # over all C columns; the others hold q = 0 and softmax 0
+            C = self.num_classes
+            q = teacher[:, :C].to(f.dtype)
+            log_s = F.log_softmax(torch.where(self.vacant, f, MASK_VALUE), dim=1)
+            value = (teacher[:, C].to(f.dtype).sum() - torch.where(self.vacant, q * log_s, 0.0).sum()).mul_(scale)
+            grad.add_(log_s.exp_().sub_(q).mul_(scale))
+            return value
         q = teacher[:, :V].to(f.dtype)
         log_s = F.log_softmax(f.index_select(1, self.vacant_idx), dim=1)
-        scale = self.lambda_dis / B
         value = (teacher[:, V].to(f.dtype).sum() - (q * log_s).sum()).mul_(scale)
         grad.index_add_(1, self.vacant_idx, log_s.exp_().sub_(q).mul_(scale))
         return value
@@ -93,6 +119,15 @@ class FedVLSObjective(Objective):
     def _logit(self, f: Tensor, targets: Tensor, grad: Tensor) -> Tensor:
         """Bounded L_logit: samples of class c stay in class c's sum as exp(0) = 1."""
         B = f.shape[0]
+        if self.fixed_shapes:  # every class, the vacant ones with weight 0
+            is_c = targets[:, None] == self._cols(f)
+            z = (f + self._buf("logit_shift_all", f.dtype)).masked_fill_(is_c, 0.0)
+            lse, soft = _logsumexp_softmax_dim0(z)
+            w_prior = self._buf("weighted_prior_all", f.dtype)
+            mass = self._buf("prior_mass_all", f.dtype)
+            value = (w_prior * lse).sum() - mass * (self.logit_weight * math.log(B))
+            grad.add_(soft.mul_(w_prior).masked_fill_(is_c, 0.0))
+            return value
         f_p = f if self.all_present else f.index_select(1, self.present_idx)  # (B, P)
         is_c = targets[:, None] == self.present_idx[None, :]  # (B, P): y_i == c
         z = (f_p + self._buf("logit_shift", f.dtype)).masked_fill_(is_c, 0.0)
@@ -102,6 +137,10 @@ class FedVLSObjective(Objective):
         # d lse_c / d z_ic = softmax over the samples; entries with y_i == c are constants
         self._add_present(grad, soft.mul_(w_prior).masked_fill_(is_c, 0.0))
         return value
+
+    def _cols(self, f: Tensor) -> Tensor:
+        """0..C-1 as a (1, C) row (made with the objective, on its device)."""
+        return self.class_row
 
     def _add_present(self, grad: Tensor, g_p: Tensor) -> None:
         if self.all_present:
@@ -124,11 +163,19 @@ class FedVLSPaperObjective(FedVLSObjective):
 
     def _logit(self, f: Tensor, targets: Tensor, grad: Tensor) -> Tensor:
         B = f.shape[0]
-        f_p = f if self.all_present else f.index_select(1, self.present_idx)  # (B, P)
-        is_c = targets[:, None] == self.present_idx[None, :]  # (B, P)
+        if self.fixed_shapes:  # every class, the vacant ones with weight 0
+            f_p, is_c, w_all = f, targets[:, None] == self._cols(f), self._buf("weighted_prior_all", f.dtype)
+        else:
+            f_p = f if self.all_present else f.index_select(1, self.present_idx)  # (B, P)
+            is_c = targets[:, None] == self.present_idx[None, :]  # (B, P)
+            w_all = self._buf("weighted_prior", f.dtype)
         lse, soft = _logsumexp_softmax_dim0(f_p.masked_fill(is_c, MASK_VALUE))
         # a class with no sample y != c in the batch is skipped (its column is all masked)
-        w_prior = self._buf("weighted_prior", f.dtype) * (~is_c.all(dim=0))
+        w_prior = w_all * (~is_c.all(dim=0))
+        if self.fixed_shapes:
+            value = (w_prior * (lse - math.log(B))).sum()
+            grad.add_(soft.mul_(w_prior))
+            return value
         value = (w_prior * (lse - math.log(B))).sum()
         self._add_present(grad, soft.mul_(w_prior))  # masked entries: exp(MASK - max) = 0
         return value

@@ -1,7 +1,7 @@
 """The settings a run config holds but nothing in the run reads: those of parts it does not
 select (``fedconcat-assignment`` without ``protocol='fedconcat'``, ``fedgf-c`` with
 ``local-optimizer='sgd'``) and those a selected part reads only in another mode (FedGF's
-threshold with a fixed c). Torch-free.
+threshold with a fixed c: the part's ``unread`` hook, declared in its spec). Torch-free.
 
 Two uses. A user who types one would see it ignored: :func:`check_given_settings_apply`
 refuses it (``fedvls check``, ``deploy local``; not a preset's ``base``, which holds every
@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from fedvls_flwr.config.local_optimizer_rules import fedgf_unread
 from fedvls_flwr.config.registry import KINDS, run_parts
 from fedvls_flwr.config.settings import ConfigError
 
@@ -42,8 +41,9 @@ def unread_settings(values: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
         first_kind, first_names = next(iter(by_kind.items()))
         out[key] = (f"a setting of {owners}, but this run has {this_run}",
                     f"select the part ({first_kind}='{first_names[0]}')")
-    if selected["local-optimizer"] == "fedgf":
-        out.update(fedgf_unread(values))
+    for part in run_parts(values).values():  # a selected part's settings its mode does not read
+        if part.unread is not None:
+            out.update(part.unread(values))
     return out
 
 

@@ -1,15 +1,36 @@
-"""What a protocol in stages needs of the rest of a run config and of the federation:
-FedConcat's rules, each a message that says what is wrong and how to fix it, or None.
-Registered with the part (``Part.rules``, ``Part.federation_rules``); torch-free, and imports
-nothing of the config layer: what a rule needs of the run comes as its arguments."""
+"""FedConcat (:mod:`fedvls_flwr.algorithms.fedconcat`), a protocol in stages: its spec, and what it
+needs of the rest of a run config and of the federation - each rule a message that says what is
+wrong and how to fix it, or None. Torch-free (:mod:`fedvls_flwr.config.spec`)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from fedvls_flwr.config.registry import Selection
+from fedvls_flwr.config.settings import Setting, at_least
+from fedvls_flwr.config.spec import EveryValueLabel, Part, Selection
+
+FEDCONCAT_CLUSTERS = Setting("fedconcat-clusters", 2, "FedConcat: number of clusters K (2 or 4 in the FedVLS paper)",
+                             label=EveryValueLabel("K={}"), **at_least(1))
+FEDCONCAT_ENCODER_ROUNDS = Setting(
+    "fedconcat-encoder-rounds", 0,
+    "FedConcat: rounds of stage 1 (FedAvg inside each cluster); 0 = the authors' 1 : 20 split of num-server-rounds",
+    **at_least(0, "0 = the 1 : 20 split"),
+)
+FEDCONCAT_HEAD_STEPS = Setting("fedconcat-head-steps", 3, "FedConcat stage 2: mini-batches per client and round on the head",
+                               **at_least(1))
+FEDCONCAT_HEAD_INIT = Setting(
+    "fedconcat-head-init", "random",
+    "FedConcat: the new head starts random, or from the clusters' heads side by side (the authors' CIFAR-100 start)",
+    choices=("random", "concat"), label={"concat": "(head from clusters)"},
+)
+FEDCONCAT_ASSIGNMENT = Setting(
+    "fedconcat-assignment", "",
+    "FedConcat: the cluster of partition 0, 1, ... ('0,1,0,1'); empty = K-means over the sites' label distributions",
+    check=lambda v: v == "" or re.fullmatch(r"\d+(,\d+)*", v.replace(" ", "")) is not None,
+    rule="comma-separated cluster numbers, one per partition id, e.g. '0,1,0,1' (empty: K-means)",
+)
 
 
 def fedconcat_assignment(text: str) -> list[int]:
@@ -66,3 +87,12 @@ def fedconcat_federation_rules(values: Mapping[str, Any], nodes: int) -> str | N
                 f"node(s), partitions 0..{nodes - 1}: give one cluster per partition ({nodes} numbers), or leave it "
                 "empty for K-means")
     return None
+
+
+FEDCONCAT = Part(
+    "fedconcat", "FedConcat", "fedvls_flwr.algorithms.fedconcat:FedConcat",
+    (FEDCONCAT_CLUSTERS, FEDCONCAT_ENCODER_ROUNDS, FEDCONCAT_HEAD_STEPS, FEDCONCAT_HEAD_INIT, FEDCONCAT_ASSIGNMENT),
+    shares=("class-counts",), rules=fedconcat_rules, federation_rules=fedconcat_federation_rules,
+    sends="stage 1: the site's cluster model instead of one global model; stage 2: the K frozen encoders, "
+          "once per node, then the head each round",
+)

@@ -1,13 +1,30 @@
-"""What a local optimizer needs of the rest of a run config: FedGF's adaptive c needs its
-threshold T_D, which has no default. Registered with the part (``Part.rules``); torch-free."""
+"""FedGF (:mod:`fedvls_flwr.algorithms.fedgf`), a local optimizer with a server companion: its
+spec, its rule and the settings its c-mode leaves unread, torch-free (:mod:`fedvls_flwr.config.spec`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from fedvls_flwr.config.registry import Selection
+from fedvls_flwr.algorithms.local_optim_spec import SAM_RHO
+from fedvls_flwr.config.settings import Setting, at_least, between
+from fedvls_flwr.config.spec import Part, Selection
+
+FEDGF_RHO_G = Setting("fedgf-rho-g", 0.1, "FedGF: distance rho_g of the perturbed global model from the global model",
+                      **at_least(0))
+FEDGF_C = Setting("fedgf-c", 0.3, "FedGF: weight c of the perturbed global model in the SAM point (fixed mode)",
+                  **between(0, 1))
+FEDGF_C_MODE = Setting(
+    "fedgf-c-mode", "fixed", "FedGF: 'fixed' (c = fedgf-c) or 'adaptive' (the authors' code: from the divergence D)",
+    choices=("fixed", "adaptive"), label={"adaptive": "(adaptive c)"},
+)
+FEDGF_THRESHOLD = Setting(
+    "fedgf-threshold", 0.0,
+    "FedGF adaptive c: threshold T_D on D = mean_k ||w_global - w_k||; no default: required with fedgf-c-mode='adaptive'",
+    **at_least(0, "0 = unset"),
+)
+FEDGF_WINDOW = Setting("fedgf-window", 30, "FedGF adaptive c: window W of rounds (the authors' script: 30)",
+                       **at_least(1))
 
 
 def fedgf_rules(values: Mapping[str, Any], selection: Selection) -> str | None:
@@ -31,3 +48,11 @@ def fedgf_unread(values: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
         return {"fedgf-c": ("read only with fedgf-c-mode = 'fixed' (this run: 'adaptive')", "set fedgf-c-mode='fixed'")}
     why = "read only with fedgf-c-mode = 'adaptive' (this run: 'fixed')"
     return {key: (why, "set fedgf-c-mode='adaptive'") for key in ("fedgf-threshold", "fedgf-window")}
+
+
+FEDGF = Part(
+    "fedgf", "FedGF", "fedvls_flwr.algorithms.fedgf:FedGFStep",
+    (SAM_RHO, FEDGF_RHO_G, FEDGF_C, FEDGF_C_MODE, FEDGF_THRESHOLD, FEDGF_WINDOW),
+    server="fedvls_flwr.algorithms.fedgf:FedGFServer", rules=fedgf_rules, unread=fedgf_unread,
+    sends="from round 2: the perturbed global model w_g (a second copy of the weights) and the coefficient c",
+)

@@ -1,0 +1,41 @@
+"""Every script in bench/ and scripts/ still imports, and every one with a command line prints
+its ``--help``: a refactoring that breaks a benchmark or a tool shows here, not on the day a GPU
+is lent (bench/gpu_check.py once failed at import for months). In this process: the modules
+are imported once and ``main()`` runs with ``--help`` as its command line (argparse exits 0)."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted(p for folder in ("bench", "scripts") for p in (ROOT / folder).glob("*.py"))
+
+
+def _has_command_line(path: Path) -> bool:
+    return 'if __name__ == "__main__":' in path.read_text()
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=[f"{p.parent.name}/{p.name}" for p in SCRIPTS])
+def test_script_imports_and_prints_its_help(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    module = importlib.import_module(f"{path.parent.name}.{path.stem}")
+    if not _has_command_line(path):
+        return  # a module the scripts import: importing it is the check
+    assert hasattr(module, "main"), f"{path.name} runs something as a script but has no main()"
+    monkeypatch.setattr(sys, "argv", [str(path), "--help"])
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as exit_info:
+        module.main()
+    assert exit_info.value.code in (0, None), f"{path.name} --help exited with {exit_info.value.code}"
+    assert "usage:" in out.getvalue(), f"{path.name} --help printed no usage"
+
+
+def test_every_script_is_covered() -> None:
+    """The list above is read from the folders: a new script is checked without being named."""
+    names = {p.name for p in SCRIPTS}
+    assert {"gpu_check.py", "gpu_step.py", "bench_engine.py", "fixed_seed_accuracies.py"} <= names
