@@ -19,14 +19,10 @@ DIGITS_RUN = {"dataset": "digits", "local-epochs": 1, "dirichlet-beta": 0.5}
 @contextmanager
 def flower_run_identity() -> Iterator[None]:
     """Run, node and task ids set as inside a ServerApp (Flower's Message reads them), then restored."""
-    from flwr.supercore.task_identity import TaskIdentity
+    from fedvls_flwr.ops.flower_internals import task_identity
 
-    old = TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
-    try:
+    with task_identity(task_id=1, run_id=1, node_id=0):
         yield
-    finally:
-        TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = old
 
 
 def deployment_run_config(out: Path, nodes: int) -> dict:

@@ -65,8 +65,8 @@ from fedvls_flwr.ops.client_worker import (
     decode_records,
     encode_records,
     stamped,
-    with_message_id,
 )
+from fedvls_flwr.ops.flower_internals import copied_metadata
 from fedvls_flwr.ops.resources import WorkerPlan, cuda_visible_devices
 
 __all__ = ["PROJECT_CLIENT_APP", "ClientPool", "ClientWorkersFailed", "crash_reply"]
@@ -420,7 +420,7 @@ class ClientPool:
             Path(slot.unlink).unlink(missing_ok=True)
             slot.unlink = None
         slot.reply_bytes = max(slot.reply_bytes, sum(n for _, n in reply_layout))
-        metadata = with_message_id(metadata, str(uuid4()))
+        metadata = copied_metadata(metadata, str(uuid4()))
 
         def blob(n: int) -> bytes:  # a frame of the reply, or (negative) a state array sent with the message
             return frames[n] if n >= 0 else task.state_blobs[-n - 1]

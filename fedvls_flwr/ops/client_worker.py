@@ -31,12 +31,13 @@ from typing import Any
 from uuid import uuid4
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, Metadata, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.app.message import make_message
 from flwr.clientapp import ClientApp
 from flwr.clientapp.client_app import ClientAppException
 from flwr.common.constant import ErrorCode
 
+from fedvls_flwr.ops.flower_internals import copied_metadata
 from fedvls_flwr.ops.processes import die_with_parent
 
 __all__ = ["Bulk", "client_process", "decode_records", "encode_records", "load_client_app", "run_client",
@@ -86,18 +87,9 @@ def run_client(client_app: ClientApp, message: Message, context: Context, thread
                              reason=str(type(wrapped)) + ":<'" + str(wrapped) + "'>"), reply_to=message), False
 
 
-def with_message_id(metadata: Metadata, message_id: str) -> Metadata:
-    """``metadata`` with ``message_id`` (what a SuperLink gives a message it stores)."""
-    return Metadata(run_id=metadata.run_id, message_id=message_id, src_node_id=metadata.src_node_id,
-                    dst_node_id=metadata.dst_node_id, reply_to_message_id=metadata.reply_to_message_id,
-                    group_id=metadata.group_id, created_at=metadata.created_at, ttl=metadata.ttl,
-                    message_type=metadata.message_type, src_task_id=metadata.src_task_id,
-                    dst_task_id=metadata.dst_task_id)
-
-
 def stamped(reply: Message) -> Message:
     """``reply`` with a message id of its own, as the SuperLink gives every reply it stores."""
-    metadata = with_message_id(reply.metadata, str(uuid4()))
+    metadata = copied_metadata(reply.metadata, str(uuid4()))
     if reply.has_error():
         return make_message(metadata, error=reply.error)
     return make_message(metadata, content=reply.content)

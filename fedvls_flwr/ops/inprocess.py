@@ -28,7 +28,6 @@ A GPU, where torch sees one, is the clients' and the server's.
 from __future__ import annotations
 
 import atexit
-import copy
 import secrets
 import time
 from collections.abc import Iterable
@@ -38,13 +37,12 @@ from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
-from flwr.app import ArrayRecord, Context, Message, RecordDict
+from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import NUM_PARTITIONS_KEY, PARTITION_ID_KEY, SUPERLINK_NODE_ID
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
-from flwr.supercore.task_identity import TaskIdentity
 
 from fedvls_flwr.app.client_app import app as project_client_app
 from fedvls_flwr.app.server_app import RUN_RECORD
@@ -52,6 +50,7 @@ from fedvls_flwr.app.server_app import app as server_app
 from fedvls_flwr.config.run_config import ConfigError, RunConfig
 from fedvls_flwr.ops.client_pool import PROJECT_CLIENT_APP, ClientPool
 from fedvls_flwr.ops.client_worker import run_client, stamped
+from fedvls_flwr.ops.flower_internals import own_copy, set_message_id, task_identity
 from fedvls_flwr.ops.launch import PROJECT_DIR
 from fedvls_flwr.ops.resources import (
     FLOWER_DEFAULT_CLIENT_CPUS,
@@ -76,33 +75,6 @@ def _new_node_ids(count: int) -> list[int]:
     while len(ids) < count:
         ids.add(secrets.randbits(63) or 1)
     return list(ids)
-
-
-def _own_copy(message: Message) -> Message:
-    """A copy of ``message`` that shares nothing mutable with it: new records, new ``Array``
-    objects over the same (immutable) bytes, lists copied. What a transport's serialisation
-    gives, without re-encoding the arrays."""
-    copied = copy.copy(message)
-    copied.__dict__["_metadata"] = copy.copy(message.metadata)
-    copied.__dict__["_content"] = None if message.__dict__.get("_content") is None else _content_copy(message.content)
-    return copied
-
-
-def _content_copy(content: RecordDict) -> RecordDict:
-    """Records copied without Flower's per-item checks (the items were checked when the server
-    set them): an ``Array``'s fields are replaced, never changed in place, so a copied ``Array``
-    may share its bytes."""
-    out = copy.copy(content)
-    records = {}
-    for name, record in content.items():
-        new = copy.copy(record)
-        if isinstance(record, ArrayRecord):
-            new.__dict__["_data"] = {k: copy.copy(a) for k, a in record.items()}
-        else:  # ConfigRecord / MetricRecord: scalars and lists of scalars
-            new.__dict__["_data"] = {k: list(v) if isinstance(v, list) else v for k, v in record.items()}
-        records[name] = new
-    out.__dict__["_data"] = records
-    return out
 
 
 class InProcessGrid(Grid):
@@ -149,7 +121,7 @@ class InProcessGrid(Grid):
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         ids, batch = [], []
         for message in messages:
-            message.metadata.__dict__["_message_id"] = str(uuid4())
+            set_message_id(message, str(uuid4()))
             if message.metadata.dst_node_id not in self.contexts:
                 raise ValueError(f"no node {message.metadata.dst_node_id} in this run")
             if self.pool is None:
@@ -183,7 +155,7 @@ class InProcessGrid(Grid):
     def _deliver(self, message: Message) -> Message:
         """The node's reply to its own copy of ``message`` (an error reply when the ClientApp raises)."""
         context = self.contexts[message.metadata.dst_node_id]
-        received = _own_copy(message)  # as a transport would: the node's own message
+        received = own_copy(message)  # as a transport would: the node's own message
         t0 = time.perf_counter()
         try:
             reply, _ = run_client(self.client_app, received, context, self.client_threads)
@@ -292,14 +264,12 @@ def run_in_process(overrides: dict[str, Any], num_supernodes: int = 10, *,
                          client_threads=plan.omp_threads, pool=pool)
     context = Context(run_id=run_id, node_id=SUPERLINK_NODE_ID, node_config={}, state=RecordDict(),
                       run_config=dict(run_config))
-    identity = TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, run_id, SUPERLINK_NODE_ID
     t0 = time.perf_counter()
     before = (pool.client_seconds, pool.transport_seconds, len(pool.crashes)) if pool is not None else (0.0, 0.0, 0)
     try:
-        server_app(grid=grid, context=context)
+        with task_identity(1, run_id, SUPERLINK_NODE_ID):  # the ServerApp's, as its SuperExec gives it
+            server_app(grid=grid, context=context)
     finally:
-        TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = identity
         if pool is not None:
             pool.forget()
             if not (keep_pool and pool.alive):
