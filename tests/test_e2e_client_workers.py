@@ -1,7 +1,10 @@
-"""A client worker killed in the middle of a round (SIGKILL, as the out-of-memory killer sends
-it), in whole runs on the in-process engine: the run records the failed reply of the client
-that worker held, the worker is started again, and the run completes; with a retry allowed,
-the round is trained again and the run computes what an undisturbed run computes, bit for bit.
+"""Whole runs on the in-process engine's client workers. A client worker killed in the middle of
+a round (SIGKILL, as the out-of-memory killer sends it): the run records the failed reply of the
+client that worker held, the worker is started again, and the run completes; with a retry
+allowed, the round is trained again and the run computes what an undisturbed run computes, bit
+for bit. A node's state (the client state of each kind in its ``Context.state``: MOON's previous
+model, carried momentum) follows the node to whichever worker serves it: the same run on one
+worker computes the same, bit for bit, while the nodes did move between workers.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from fedvls_flwr.app.results import read_rounds
 from fedvls_flwr.ops.inprocess import run_in_process
 from tests.fault_injection import FAULT_ENV, ONCE_ENV
 from tests.runs import DIGITS_RUN
+from tests.worker_apps import SERVED_BY_ENV
 
 pytestmark = pytest.mark.e2e
 
@@ -59,3 +63,33 @@ def test_a_round_retried_after_a_killed_worker_computes_what_an_undisturbed_run_
     for name in ("model_final.npz", "checkpoint.npz"):
         a, b = arrays(tmp_path / "clean" / name), arrays(tmp_path / "retried" / name)
         assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a), name
+
+
+STATE_CONFIGS = {
+    "moon-previous-model": {"method": "moon"},
+    "carried-momentum-half-the-nodes": {"method": "fedavg", "optimizer-state": "carry", "fraction-train": 0.5},
+}
+
+
+@pytest.mark.parametrize("name", sorted(STATE_CONFIGS))
+def test_a_nodes_state_follows_it_to_whichever_worker_serves_it(name, tmp_path, monkeypatch):
+    settings = {**DIGITS_RUN, **STATE_CONFIGS[name], "num-server-rounds": 4, "deterministic": True, "seed": 1,
+                "output-dir": str(tmp_path)}
+    alone = run_in_process({**settings, "run-name": "one"}, NODES, client_cpus=1, workers=1)
+    assert alone.workers.startswith("1 worker: the clients run one after another")
+    served = tmp_path / "served-by.txt"
+    monkeypatch.setenv(SERVED_BY_ENV, str(served))
+    pooled = run_in_process({**settings, "run-name": "pooled"}, NODES, client_cpus=1,
+                            client_app="tests.worker_apps:project_recording_workers")
+    assert pooled.workers.startswith("2 workers") and pooled.extra["crashes"] == []
+    pids: dict[str, set[str]] = {}
+    for line in served.read_text().splitlines():
+        partition, pid = line.split()
+        pids.setdefault(partition, set()).add(pid)
+    assert len(set().union(*pids.values())) == 2 and any(len(p) > 1 for p in pids.values()), pids  # nodes moved
+    one, two = read_rounds(tmp_path / "one"), read_rounds(tmp_path / "pooled")
+    assert len(one) == 5 and [{k: v for k, v in r.items() if k != "seconds"} for r in one] == \
+        [{k: v for k, v in r.items() if k != "seconds"} for r in two]
+    for file in ("model_final.npz", "checkpoint.npz"):
+        a, b = arrays(tmp_path / "one" / file), arrays(tmp_path / "pooled" / file)
+        assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a), file

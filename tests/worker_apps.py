@@ -45,3 +45,26 @@ def query(msg: Message, context: Context) -> Message:
 
 def broken() -> ClientApp:
     raise ImportError("this ClientApp cannot be loaded (a test)")
+
+
+#: A file the recording ClientApp appends "partition pid" to for every train message.
+SERVED_BY_ENV = "FEDVLS_TEST_SERVED_BY"
+
+
+def record_worker(msg: Message, context: Context, call_next) -> Message:  # noqa: ANN001 - Flower's mod signature
+    """A mod that says which process trained which node in which round (the project's replies unchanged)."""
+    if msg.metadata.message_type == "train" and (path := os.environ.get(SERVED_BY_ENV)):
+        with open(path, "a") as out:
+            out.write(f"{context.node_config.get('partition-id', -1)} {os.getpid()}\n")
+    return call_next(msg, context)
+
+
+def project_recording_workers() -> ClientApp:
+    """The project's ClientApp handlers behind :func:`record_worker` (``tests.worker_apps:project_recording_workers``)."""
+    from fedvls_flwr.app import client_app as production
+
+    recording = ClientApp(mods=[record_worker])
+    recording.train()(production.train)
+    recording.evaluate()(production.evaluate)
+    recording.query()(production.query)
+    return recording
