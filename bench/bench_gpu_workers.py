@@ -4,6 +4,7 @@ and against Flower's Ray simulation, on the same machine, in one invocation.
     python bench/bench_gpu_workers.py --out gpu-workers.json             # a machine with CUDA (~2-3 min on an H100)
     python bench/bench_gpu_workers.py --out gpu-workers.json --skip-ray  # without the Ray simulation
     python bench/bench_gpu_workers.py --cpu --out /tmp/rehearsal.json    # tiny sizes on the CPU: the script itself
+    python bench/bench_gpu_workers.py --out gpu-op-by-op.json --set cuda-graphs=false  # the client step op by op
 
 Workloads (FedAvg, 1 local epoch, batch 64, augmentation and bfloat16 amp as in
 bench/gpu_check.py, CIFAR-10-format data generated with tests/tiny_data.py and read through
@@ -132,7 +133,13 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per Ray run")
     ap.add_argument("--out", type=Path, help="every figure as JSON")
     ap.add_argument("--keep", action="store_true", help="keep the generated data and run folders")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a run-config setting for every run, e.g. cuda-graphs=false (the client step op by op, "
+                         "as before issue 44); repeatable")
     args = ap.parse_args()
+    from fedvls_flwr.config.args import parse_run_config_args
+
+    settings = parse_run_config_args([" ".join(args.set)]) if args.set else {}
     args.rounds = args.rounds or (2 if args.cpu else 3)
     budget = Budget(args.budget or (900.0 if args.cpu else 170.0))
     import torch
@@ -151,7 +158,10 @@ def main() -> int:
     base = {"dataset": "cifar10", "data-dir": str(data), "method": "fedavg", "local-epochs": 1,
             "batch-size": 8 if args.cpu else 64,
             "augment": True, "amp": not args.cpu, "partition": "iid" if args.cpu else "dirichlet", "dirichlet-beta": 0.5,
-            "num-server-rounds": args.rounds, "device": "cpu" if args.cpu else "cuda", "output-dir": str(out)}
+            "num-server-rounds": args.rounds, "device": "cpu" if args.cpu else "cuda", "output-dir": str(out),
+            **settings}
+    if settings:
+        device += "; every run with " + ", ".join(f"{k}={v}" for k, v in settings.items())
     four = {**base, "train-pool-size": pool4}
     models = ["mobilenetv2", "resnet18"]
     results: list[dict] = []
@@ -198,7 +208,7 @@ def main() -> int:
     print(table(results, device))
     if args.out:
         args.out.write_text(json.dumps({"device": device, "machine": platform.node(), "cores": os.cpu_count(),
-                                        "rounds": args.rounds, "results": results}, indent=1))
+                                        "rounds": args.rounds, "settings": settings, "results": results}, indent=1))
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     else:
