@@ -21,8 +21,11 @@ a deterministic run's history equals ``flwr run .``'s bit for bit:
   ``OMP_NUM_THREADS``) unless the run's ``torch-threads`` sets them, and nothing it does to
   torch's thread count or the random generators reaches the ServerApp's side.
 
-Clients run one after another (a round's messages in the order the ServerApp pushed them).
-A GPU, where torch sees one, is the clients' and the server's.
+A round's clients run at once on client workers (:mod:`fedvls_flwr.ops.client_pool`), as many
+as the federation config gives room for (:func:`fedvls_flwr.ops.resources.plan_workers`); one
+worker on a machine without a GPU is this process, the clients one after another in the order
+the ServerApp pushed them. Flower's objects are handled through
+:mod:`fedvls_flwr.ops.flower_internals`.
 """
 
 from __future__ import annotations
