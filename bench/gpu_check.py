@@ -40,57 +40,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.cifar_shim import cifar_env  # noqa: E402
 from fedvls_flwr.app.results import read_rounds  # noqa: E402
 from fedvls_flwr.ops.flower_cli import flower_env  # noqa: E402
 from fedvls_flwr.ops.launch import LocalSuperLink  # noqa: E402
 from fedvls_flwr.ops.ray_cluster import RayHead  # noqa: E402
 from tests.tiny_data import write_idx_dataset, write_tiny_cifar10  # noqa: E402
-
-#: The generated CIFAR files must pass torchvision's md5 check in the processes Flower starts
-#: (the Ray actors), which this script cannot patch: a ``sitecustomize.py`` put on their
-#: PYTHONPATH replaces the expected sums, when ``torchvision.datasets.cifar`` is imported, with
-#: those in this environment variable (JSON: {class name: {file name: md5}}).
-MD5_ENV = "FEDVLS_GPU_CHECK_CIFAR_MD5"
-
-SITECUSTOMIZE = '''\
-"""bench/gpu_check.py: accept its generated CIFAR files in the processes Flower starts."""
-import importlib.abc
-import importlib.machinery
-import json
-import os
-import sys
-
-_SUMS = os.environ.get("%(env)s")
-
-
-def _accept_generated(module):
-    for name, sums in json.loads(_SUMS).items():
-        cls = getattr(module, name)
-        cls.train_list = [[f, sums[f]] for f, _ in cls.train_list]
-        cls.test_list = [[f, sums[f]] for f, _ in cls.test_list]
-        cls.meta = {**cls.meta, "md5": sums[cls.meta["filename"]]}
-
-
-class _AfterCifarImport(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != "torchvision.datasets.cifar":
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None:
-            return spec
-        load = spec.loader.exec_module
-
-        def exec_module(module):
-            load(module)
-            _accept_generated(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-if _SUMS:
-    sys.meta_path.insert(0, _AfterCifarImport())
-''' % {"env": MD5_ENV}  # noqa: UP031 - the template holds braces
 
 
 def summarize_rounds(name: str, status: str, rounds: list[dict], want_cuda: bool) -> dict:
@@ -113,11 +68,12 @@ def run_workload(link, name, run_config, federation, out, timeout, want_cuda) ->
 
 
 def in_process(name: str, run_config: dict, out: Path, want_cuda: bool) -> dict:
-    """The same apps on the in-process engine (``fedvls run``), 4 nodes, in this process."""
+    """The same apps on the in-process engine (``fedvls run``), 4 nodes, each client a quarter
+    of the GPU (its client workers: 4 on the GPU; none asked for, they would see no GPU)."""
     from fedvls_flwr.ops.inprocess import run_in_process
 
     try:
-        run_in_process(run_config, 4, client_cpus=1)
+        run_in_process(run_config, 4, client_cpus=1, client_gpus=0.25 if want_cuda else 0.0)
     except Exception as err:  # noqa: BLE001 - reported in the summary
         return {"name": name, "status": f"failed: {err}", "ok": False}
     return summarize_rounds(name, "completed", read_rounds(out / run_config["run-name"])[1:], want_cuda)
@@ -182,10 +138,7 @@ def main() -> int:
     sums = write_tiny_cifar10(data, per_batch=per_batch, n_test=200 if args.cpu else 1000)
     n_fmnist = 800 if args.cpu else 12000
     write_idx_dataset(data / "FashionMNIST" / "raw", n_train=n_fmnist, n_test=400 if args.cpu else 2000)
-    shim = work / "shim"
-    shim.mkdir()
-    (shim / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    env = {"PYTHONPATH": str(shim), MD5_ENV: json.dumps({"CIFAR10": sums})}
+    env = cifar_env(work / "shim", sums)  # every process accepts the generated CIFAR files
     federation = {"num-supernodes": 4, "client-resources-num-cpus": 1,
                   "client-resources-num-gpus": 0 if args.cpu else 0.25}
     base = {"data-dir": str(data), "output-dir": str(out), "num-server-rounds": args.rounds, "local-epochs": 1,

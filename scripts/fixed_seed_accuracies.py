@@ -16,7 +16,9 @@ step (a server companion with state), FedVLS with FedSAM and FedExP, FedConcat w
 its stage boundary (4 rounds), and FedAvg with carried momentum and half the clients a round.
 
 ``--engine flwr`` (the default) submits each run with ``flwr run`` to a local SuperLink (Ray
-simulation); ``--engine inprocess`` runs the same apps in this process (``fedvls run``).
+simulation); ``--engine inprocess`` runs the same apps on the in-process engine (``fedvls run``)
+with the same federation config: a round's clients on as many client workers as it gives room
+for, at most ``--workers`` (1: the clients one after another in this process).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ def main() -> None:
                     help="the app folder to run (default: this checkout)")
     ap.add_argument("--only", action="append", default=[], choices=sorted(RUNS), help="only these runs")
     ap.add_argument("--engine", default="flwr", choices=("flwr", "inprocess"))
+    ap.add_argument("--workers", type=int, help="--engine inprocess: at most this many client workers")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     base = {"dataset": "digits", "num-server-rounds": 3, "local-epochs": 2, "seed": 0,
@@ -70,7 +73,8 @@ def main() -> None:
         from fedvls_flwr.ops.inprocess import run_in_process
 
         for config in runs.values():
-            run_in_process(config, num_supernodes=4)
+            run_in_process(config, num_supernodes=federation["num-supernodes"],
+                           client_cpus=federation["client-resources-num-cpus"], workers=args.workers)
     else:
         try:
             from fedvls_flwr.ops.launch import LocalSuperLink

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import itertools
 
+from fedvls_flwr.ops.flower_internals import set_message_id
+
 
 class FakeGridBase:
     _ids = itertools.count()
@@ -23,7 +25,7 @@ class FakeGridBase:
     def push_messages(self, messages):
         messages = list(messages)
         for m in messages:
-            m.metadata.__dict__["_message_id"] = f"m{next(self._ids)}"
+            set_message_id(m, f"m{next(self._ids)}")
         self._pending += messages
         return [m.metadata.message_id for m in messages]
 

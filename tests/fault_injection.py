@@ -6,13 +6,17 @@ that folder. :func:`fault_client_app` is the same ClientApp for the in-process e
 (``run_in_process(..., client_app=...)``), which reads ``FEDVLS_INJECT_FAULT`` from this
 process's environment. ``FEDVLS_INJECT_FAULT`` in the Flower processes' environment lists entries
 ``kind:partition:round`` separated by commas: ``raise`` makes that partition's training raise
-in that round, ``nan`` makes it reply with NaN weights.
+in that round, ``nan`` makes it reply with NaN weights, ``kill`` kills the process that trains
+it (SIGKILL, as the kernel's out-of-memory killer does) - once per entry when
+``FEDVLS_INJECT_FAULT_ONCE`` names a folder (a marker file there says it happened), so that a
+retried round goes through; only for the in-process engine's client workers.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +25,7 @@ from flwr.app import Array, ArrayRecord, Context, Message
 from fedvls_flwr.app import keys
 
 FAULT_ENV = "FEDVLS_INJECT_FAULT"
+ONCE_ENV = "FEDVLS_INJECT_FAULT_ONCE"
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 FAULT_CLIENT_APP = '''"""Test-only ClientApp: the project's handlers, with the fault-injection mod first."""
 from flwr.clientapp import ClientApp
@@ -83,6 +88,8 @@ def inject_faults(msg: Message, context: Context, call_next) -> Message:
     fault = planned_fault(partition_id, server_round)
     if fault == "raise":
         raise RuntimeError(f"injected fault: partition {partition_id} raises in round {server_round}")
+    if fault == "kill" and _first_time(f"kill-{partition_id}-{server_round}"):
+        os.kill(os.getpid(), signal.SIGKILL)
     reply = call_next(msg, context)
     if fault == "nan":
         arrays = reply.content[keys.ARRAYS]
@@ -91,3 +98,16 @@ def inject_faults(msg: Message, context: Context, call_next) -> Message:
             for key, arr in arrays.items()
         })
     return reply
+
+
+def _first_time(name: str) -> bool:
+    """True the first time ``name`` is asked for under ``FEDVLS_INJECT_FAULT_ONCE``; always
+    True without it."""
+    folder = os.environ.get(ONCE_ENV)
+    if not folder:
+        return True
+    try:
+        (Path(folder) / name).open("x").close()
+    except FileExistsError:
+        return False
+    return True

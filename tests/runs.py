@@ -19,14 +19,10 @@ DIGITS_RUN = {"dataset": "digits", "local-epochs": 1, "dirichlet-beta": 0.5}
 @contextmanager
 def flower_run_identity() -> Iterator[None]:
     """Run, node and task ids set as inside a ServerApp (Flower's Message reads them), then restored."""
-    from flwr.supercore.task_identity import TaskIdentity
+    from fedvls_flwr.ops.flower_internals import task_identity
 
-    old = TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
-    try:
+    with task_identity(task_id=1, run_id=1, node_id=0):
         yield
-    finally:
-        TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = old
 
 
 def deployment_run_config(out: Path, nodes: int) -> dict:
@@ -90,13 +86,15 @@ def torch_global_state() -> Iterator[None]:
         np.random.set_state(np_state)
 
 
-def run_here(config: dict, nodes: int, *, client_cpus: float = 1, client_app=None) -> Path:
+def run_here(config: dict, nodes: int, *, client_cpus: float = 1, client_app=None, workers: int | None = 1) -> Path:
     """``config`` run on the in-process engine (the app's own ServerApp and ClientApp in this
     process, fedvls_flwr.ops.inprocess) with ``nodes`` simulated SuperNodes and
-    ``client_cpus`` torch threads per client (Flower's ``client-resources-num-cpus``).
+    ``client_cpus`` torch threads per client (Flower's ``client-resources-num-cpus``); one
+    worker (the clients in this process, where a test's monkeypatches and log capture reach
+    them) unless ``workers`` says otherwise (None: the client workers the machine holds).
     Returns its run folder; raises what the ServerApp raises (a run that ``flwr run``
     reports ``finished:failed``)."""
     from fedvls_flwr.ops.inprocess import run_in_process
 
     with torch_global_state():
-        return run_in_process(config, nodes, client_cpus=client_cpus, client_app=client_app).run_dir
+        return run_in_process(config, nodes, client_cpus=client_cpus, client_app=client_app, workers=workers).run_dir

@@ -23,11 +23,12 @@ def test_fedvls_help_says_the_sweep_runs_in_process_by_default(capsys):
     assert "in-process" in line and "--engine flwr" in line
 
 
-def test_fedvls_run_help_gives_exit_codes_results_resume_and_the_ray_only_keys(capsys):
+def test_fedvls_run_help_gives_exit_codes_results_resume_and_the_client_resources(capsys):
     text = help_of(run.main, capsys)
     for said in ("Exit status: 0 the run completed; 1 it failed", "2 the input was refused", "130 stopped by Ctrl-C",
                  "Results go to output-dir/run-name", "resume=true with the same run-name continues",
-                 "client-resources-num-gpus, init-args-*", "torch threads when torch-threads=0"):
+                 "client-resources-num-gpus", "init-args-num-gpus", "torch threads when the run config's torch-threads "
+                 "is 0", "--workers N", "at most N client workers"):
         assert said in text, said
     assert "(2 threads each)" not in text
 

@@ -13,7 +13,8 @@ from fedvls_flwr.app.ray_address import simulation_federation
 from fedvls_flwr.config.client_resources import NodeRoom, clients_at_once, room_problem, this_machine, visible_gpus
 from fedvls_flwr.config.run_config import ConfigError
 from fedvls_flwr.experiments.check import main as check_main
-from fedvls_flwr.experiments.run import engine_federation
+from fedvls_flwr.experiments.run import ENGINE_FEDERATION, engine_federation
+from fedvls_flwr.ops.resources import Machine
 
 CPUS = (0.5, 1, 2, 3, 64)
 GPUS = (0.0, 0.25, 0.5, 1, 2)
@@ -107,19 +108,21 @@ def test_check_refuses_clients_this_machine_cannot_run(federation, refused, monk
 
 
 def test_fedvls_run_takes_what_flwr_run_takes_and_refuses_what_it_cannot_start():
-    machine = NodeRoom(2, 0)
+    machine = Machine(2)
     notes: list[str] = []
-    assert engine_federation({"num-supernodes": 4, "client-resources-num-cpus": 1}, notes, machine) == {
-        "num-supernodes": 4, "client-resources-num-cpus": 1}
+    got = engine_federation({"num-supernodes": 4, "client-resources-num-cpus": 1}, notes, machine)
+    assert got == {**ENGINE_FEDERATION, "num-supernodes": 4, "client-resources-num-cpus": 1} and notes == []
     with pytest.raises(ConfigError, match="'client-resources-num-cpus' = 0.5: must be an integer >= 1"):
         engine_federation({"client-resources-num-cpus": 0.5}, [], machine)
     with pytest.raises(ConfigError, match="more CPUs per client than this machine has \\(2\\).*fedvls run refuses"):
         engine_federation({"client-resources-num-cpus": 64}, [], machine)
     with pytest.raises(ConfigError, match="this machine has no GPU"):
         engine_federation({"client-resources-num-gpus": 0.25}, [], machine)
-    notes = []
-    engine_federation({"client-resources-num-gpus": 0.25}, notes, NodeRoom(2, 1))
-    assert any("client-resources-num-gpus is a setting of Flower's Ray simulation" in n for n in notes)
+    notes = []  # a GPU share is the engine's too: it sizes the client workers
+    got = engine_federation({"client-resources-num-gpus": 0.25}, notes, Machine(2, ((0, 1.0),)))
+    assert got["client-resources-num-gpus"] == 0.25 and notes == []
+    engine_federation({"init-args-log-to-driver": True}, notes, machine)
+    assert any("init-args-log-to-driver is a setting of Ray's logging" in n for n in notes)
 
 
 def _main_loop(backend_config_stream: str, out: list) -> None:

@@ -1,8 +1,11 @@
 """The in-process engine against Flower's Ray simulation: the same apps, the same numbers.
 
-Each configuration runs twice from the same run config with ``deterministic = true``: as a
-real ``flwr run`` on a local SuperLink (Ray simulation, clients in Ray actors) and on the
-in-process engine (``fedvls run``). Everything the run computed must be equal bit for bit:
+Each configuration runs three times from the same run config with ``deterministic = true``: as
+a real ``flwr run`` on a local SuperLink (Ray simulation, clients in Ray actors), on the
+in-process engine with one worker (``fedvls run --workers 1``: the clients one after another in
+the test's process) and on the in-process engine with its client workers (two worker processes
+on this 2-core machine at ``client-resources-num-cpus = 1``, a round's clients at once, each
+node's state carried between workers). Everything the run computed must be equal bit for bit:
 every field of every round's record in rounds.jsonl except its seconds and the name of the
 machine the replies ran on (a Ray node id there, the host name here), the final model and the
 checkpoint (the round state and every server part's state), clients.json and protocol.json,
@@ -84,19 +87,23 @@ def summary_computed(summary: dict) -> dict:
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_the_in_process_engine_computes_what_the_ray_simulation_computes(name, link, tmp_path):
     config = {**DIGITS_RUN, **CONFIGS[name], "deterministic": True, "seed": 3}
-    ray_dir, here_dir = tmp_path / "ray", tmp_path / "here"
+    ray_dir, here_dir, workers_dir = tmp_path / "ray", tmp_path / "here", tmp_path / "workers"
     outcome = link.wait(link.submit(PROJECT_DIR, run_config={**config, "output-dir": str(ray_dir), "run-name": name},
                                     federation_config={"num-supernodes": NODES, "client-resources-num-cpus": 1}),
                         timeout=900)
     assert outcome.completed, outcome.log[-3000:]
-    done = run_in_process({**config, "output-dir": str(here_dir), "run-name": name}, NODES, client_cpus=1)
-    assert done.run_dir == here_dir / name
+    done = run_in_process({**config, "output-dir": str(here_dir), "run-name": name}, NODES, client_cpus=1, workers=1)
+    assert done.run_dir == here_dir / name and done.workers.startswith("1 worker: the clients run one after another")
+    pooled = run_in_process({**config, "output-dir": str(workers_dir), "run-name": name}, NODES, client_cpus=1)
+    assert pooled.workers.startswith("2 workers: 2 on the CPU, 1 thread each"), pooled.workers
+    assert pooled.extra["crashes"] == []
     ray_rounds = read_rounds(ray_dir / name)
     assert len(ray_rounds) == config["num-server-rounds"] + 1
     assert all(n.startswith("ray:") for r in ray_rounds[1:] for n in r["nodes"])  # it did run in Ray actors
     assert_same_run(ray_dir / name, here_dir / name)
-    engines = [json.loads((d / name / "summary.json").read_text())["engine"] for d in (ray_dir, here_dir)]
-    assert engines == ["simulation", "inprocess"]  # what a report tells them apart by
+    assert_same_run(ray_dir / name, workers_dir / name)
+    engines = [json.loads((d / name / "summary.json").read_text())["engine"] for d in (ray_dir, here_dir, workers_dir)]
+    assert engines == ["simulation", "inprocess", "inprocess"]  # what a report tells them apart by
 
 
 def test_a_client_that_raises_is_a_failed_reply_on_both_engines(link, tmp_path, monkeypatch):
@@ -124,14 +131,20 @@ def test_a_client_that_raises_is_a_failed_reply_on_both_engines(link, tmp_path, 
     test_app.query()(production.query)
     run_in_process({**config, "output-dir": str(tmp_path / "here"), "run-name": "f"}, NODES, client_cpus=1,
                    client_app=test_app)
-    ray_rounds, here_rounds = read_rounds(tmp_path / "ray" / "f"), read_rounds(tmp_path / "here" / "f")
-    for rounds in (ray_rounds, here_rounds):
-        assert [r["clients_failed"] for r in rounds[1:]] == [0, 1, 0]
-        assert rounds[2]["failures"][0]["partition_id"] == 1
-    strip = {"node"}  # Flower's random node ids
-    assert ([{k: v for k, v in f.items() if k not in strip} for f in ray_rounds[2]["failures"]]
-            == [{k: v for k, v in f.items() if k not in strip} for f in here_rounds[2]["failures"]])
-    assert [computed(r) | {"failures": None} for r in ray_rounds] == [computed(r) | {"failures": None} for r in here_rounds]
+    # the same ClientApp on the client workers (they import it by name and read the fault from the environment)
+    pooled = run_in_process({**config, "output-dir": str(tmp_path / "workers"), "run-name": "f"}, NODES,
+                            client_cpus=1, client_app="tests.fault_injection:fault_client_app")
+    assert pooled.workers.startswith("2 workers")
+    ray_rounds = read_rounds(tmp_path / "ray" / "f")
+    for here_rounds in (read_rounds(tmp_path / "here" / "f"), read_rounds(tmp_path / "workers" / "f")):
+        for rounds in (ray_rounds, here_rounds):
+            assert [r["clients_failed"] for r in rounds[1:]] == [0, 1, 0]
+            assert rounds[2]["failures"][0]["partition_id"] == 1
+        strip = {"node"}  # Flower's random node ids
+        assert ([{k: v for k, v in f.items() if k not in strip} for f in ray_rounds[2]["failures"]]
+                == [{k: v for k, v in f.items() if k not in strip} for f in here_rounds[2]["failures"]])
+        assert ([computed(r) | {"failures": None} for r in ray_rounds]
+                == [computed(r) | {"failures": None} for r in here_rounds])
 
 
 def test_fedvls_run_refuses_bad_input_at_once_and_runs_a_good_config(tmp_path):

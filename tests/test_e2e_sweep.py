@@ -214,7 +214,7 @@ def test_sweep_stopped_by_sigterm_stops_everything_it_started(tmp_path, engine):
         assert "one Ray for the whole sweep" in said, said
         assert len(seen) >= 5, seen  # the SuperLink, its SuperExec, the simulation, the Ray head's processes
     else:
-        assert "in-process engine: 1 worker(s)" in said and len(seen) >= 1, (said, seen)
+        assert "in-process engine: 1 run(s) at once" in said and len(seen) >= 1, (said, seen)
     assert_none_left(seen, out / ".flwr-home", timeout=20.0)
     assert not (out / SECOND).exists()
 

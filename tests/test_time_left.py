@@ -58,20 +58,14 @@ def test_a_runs_own_estimate_waits_for_the_second_round():
 def test_the_servers_round_lines_say_when_the_estimate_comes(tmp_path, caplog):
     import logging
 
-    from flwr.supercore.task_identity import TaskIdentity
-
     from fedvls_flwr.app.server import run_experiment
     from fedvls_flwr.config.run_config import RunConfig
+    from tests.runs import flower_run_identity
     from tests.test_resume import TrainingGrid
 
-    old = TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
-    try:
-        with caplog.at_level(logging.INFO):
-            run_experiment(TrainingGrid(), RunConfig(dataset="digits", num_server_rounds=3, output_dir=str(tmp_path),
-                                                     run_name="r"))
-    finally:
-        TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = old
+    with flower_run_identity(), caplog.at_level(logging.INFO):
+        run_experiment(TrainingGrid(), RunConfig(dataset="digits", num_server_rounds=3, output_dir=str(tmp_path),
+                                                 run_name="r"))
     lines = {int(m.split("/")[0].split()[-1]): m for m in caplog.messages if m.startswith("round ") and "/3:" in m}
     assert lines[1].endswith("time left: after round 2") and "~" not in lines[1]
     assert lines[2].endswith(" left") and "~" in lines[2]

@@ -11,8 +11,9 @@ which it raises only once the run has started and the ServerApp waits in round 1
 
 * ``fedvls check`` and ``fedvls run`` refuse such a federation before anything starts, and the
   ServerApp of a Ray simulation before round 1 (:func:`room_problem`);
-* whoever sizes worker processes from the same keys (the in-process engine) asks
-  :func:`clients_at_once` with :func:`this_machine` - one rule, one answer.
+* the in-process engine sizes its client workers by the same rule
+  (:func:`fedvls_flwr.ops.resources.plan_workers` asks :func:`node_limits`, and refuses through
+  :func:`room_problem`) - one rule, one answer.
 
 The machine is seen as the Ray that a simulation starts on it would see it: its CPU count and
 its NVIDIA GPUs (``CUDA_VISIBLE_DEVICES`` when set, as Ray reads it), unless
@@ -53,16 +54,20 @@ def client_ask(federation: Mapping[str, Any]) -> tuple[float, float]:
     return float(cpus), float(gpus)
 
 
+def node_limits(node: NodeRoom, cpus: float, gpus: float) -> dict[str, int]:
+    """The clients asking ``cpus`` CPUs and ``gpus`` GPUs each that ``node`` holds, per resource
+    (Flower's rule above): ``{"CPUs": floor(node CPUs / cpus)}`` and, when ``gpus`` > 0,
+    ``"GPUs": floor(node GPUs / gpus)`` (0 on a node without GPUs). The smallest is the node's count."""
+    limits = {"CPUs": int(node.cpus / cpus) if cpus > 0 else 0}
+    if gpus > 0:
+        limits["GPUs"] = int(node.gpus / gpus) if node.gpus > 0 else 0
+    return limits
+
+
 def clients_at_once(federation: Mapping[str, Any], nodes: Sequence[NodeRoom]) -> int:
     """How many simulated clients ``nodes`` run at once under ``federation`` (Flower's rule above)."""
     cpus, gpus = client_ask(federation)
-    total = 0
-    for node in nodes:
-        fit = math.floor(node.cpus / cpus) if cpus > 0 else 0
-        if gpus > 0:
-            fit = min(fit, math.floor(node.gpus / gpus)) if node.gpus > 0 else 0
-        total += fit
-    return total
+    return sum(min(node_limits(node, cpus, gpus).values()) for node in nodes)
 
 
 def visible_gpus(environ: Mapping[str, str] | None = None, dev: Path = Path("/dev")) -> int:
@@ -88,11 +93,27 @@ def visible_gpus(environ: Mapping[str, str] | None = None, dev: Path = Path("/de
     return sum(1 for line in listing.splitlines() if line.startswith("GPU "))
 
 
+def usable_cores() -> int:
+    """The cores this process may run on, as Ray counts a node's CPUs: its CPU affinity (a
+    container's or ``taskset``'s CPU set), less a cgroup's CPU quota (a container's ``--cpus``)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, math.floor(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, cores)
+
+
 def this_machine(federation: Mapping[str, Any], cpus: int | None = None, gpus: int | None = None) -> NodeRoom:
     """This machine as the Ray a simulation starts here sees it: ``init-args-num-cpus`` /
-    ``init-args-num-gpus`` when the federation declares them, else its CPUs and GPUs (``cpus`` /
-    ``gpus`` given: those)."""
-    have_cpus = cpus if cpus is not None else (os.cpu_count() or 1)
+    ``init-args-num-gpus`` when the federation declares them, else its CPUs
+    (:func:`usable_cores`) and GPUs (:func:`visible_gpus`) (``cpus`` / ``gpus`` given: those)."""
+    have_cpus = cpus if cpus is not None else usable_cores()
     have_gpus = gpus if gpus is not None else visible_gpus()
     return NodeRoom(float(federation.get("init-args-num-cpus", have_cpus)),
                     float(federation.get("init-args-num-gpus", have_gpus)))

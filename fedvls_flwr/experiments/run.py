@@ -7,12 +7,14 @@ The same apps, run folder, checkpoints, resume, tracking, progress and refusals 
 ``flwr run .``, and with ``deterministic = true`` the same rounds bit for bit; without a
 SuperLink, a SuperExec or Ray (docs/running.md, "Which engine"). The run config is checked
 as ``fedvls check`` checks it, before any round; ``--federation-config`` takes the
-simulation's settings that mean something in one process: ``num-supernodes`` (default 10)
-and ``client-resources-num-cpus`` (each client's torch threads when the run config's
-``torch-threads`` is 0; its default, 1, gives every client one thread). Ray's own settings
-(``client-resources-num-gpus``, ``init-args-*``) are accepted and noted; a federation that
-``flwr run`` could not start (a GPU share where there is no GPU, more CPUs per client than this
-machine has) is refused here too.
+simulation's settings as Ray reads them: ``num-supernodes`` (default 10),
+``client-resources-num-cpus`` and ``client-resources-num-gpus`` (each client's CPUs and share
+of a GPU: a round's clients train at once on as many worker processes as the machine holds
+of them, each with num-cpus torch threads when the run config's ``torch-threads`` is 0 - its
+default, 1, gives every client one thread; Flower's defaults 2 and 0), ``init-args-num-cpus`` /
+``init-args-num-gpus`` (the machine's size as Ray would take it). A federation that ``flwr run``
+could not start (a GPU share where there is no GPU, more CPUs per client than this machine has)
+is refused here too.
 
 Results go to ``output-dir``/``run-name`` (default ``~/fedvls-runs/<dataset>-<method>-...-<time>``);
 ``resume=true`` with the same ``run-name`` continues a stopped run after its last saved round.
@@ -30,22 +32,24 @@ import sys
 from typing import Any
 
 from fedvls_flwr.config.args import parse_run_config_args
-from fedvls_flwr.config.client_resources import NodeRoom, room_problem, this_machine
 from fedvls_flwr.config.federation_config import SIMULATION_KEYS
 from fedvls_flwr.config.run_config import ConfigError, did_you_mean
 from fedvls_flwr.experiments.check import check_run_config
+from fedvls_flwr.ops.resources import Machine, detect_machine, resource_problem
 
-#: Simulation settings the in-process engine reads, with their defaults.
-ENGINE_FEDERATION = {"num-supernodes": 10, "client-resources-num-cpus": 2.0}
-#: Settings of Flower's Ray simulation with no meaning in one process (accepted, said once).
-RAY_ONLY = ("client-resources-num-gpus", "init-args-num-cpus", "init-args-num-gpus", "init-args-logging-level",
-            "init-args-log-to-driver")
+#: Simulation settings the in-process engine reads, with their defaults (Flower's).
+ENGINE_FEDERATION: dict[str, Any] = {"num-supernodes": 10, "client-resources-num-cpus": 2.0,
+                                     "client-resources-num-gpus": 0.0, "init-args-num-cpus": None,
+                                     "init-args-num-gpus": None}
+#: Settings of Flower's Ray simulation with no meaning without Ray (accepted, said once).
+RAY_ONLY = ("init-args-logging-level", "init-args-log-to-driver")
 
 
-def engine_federation(federation: dict[str, Any], notes: list[str], machine: NodeRoom | None = None) -> dict[str, Any]:
+def engine_federation(federation: dict[str, Any], notes: list[str], machine: Machine | None = None) -> dict[str, Any]:
     """The engine's federation settings out of ``--federation-config``'s, or ConfigError: the
-    keys and values ``flwr run`` takes, and clients that fit ``machine`` (default: this one) as
-    they would under Flower's simulation (:func:`~fedvls_flwr.config.client_resources.room_problem`)."""
+    keys and values ``flwr run`` takes, and clients that fit ``machine`` (default: this one, as
+    :func:`machine_for` sees it) as they would under Flower's simulation
+    (:func:`~fedvls_flwr.ops.resources.resource_problem`, the rule ``fedvls check`` applies)."""
     from fedvls_flwr.config.federation_config import check_federation_config
 
     out = dict(ENGINE_FEDERATION)
@@ -59,16 +63,20 @@ def engine_federation(federation: dict[str, Any], notes: list[str], machine: Nod
     check_federation_config(federation)  # the types and ranges flwr run takes (integers of CPUs, >= 1 node)
     for key, value in federation.items():
         if key in RAY_ONLY:
-            notes.append(f"note: --federation-config {key} is a setting of Flower's Ray simulation; the in-process "
-                         "engine runs every client in this process (on the GPU when torch sees one: device='cpu' "
-                         "keeps them on the CPU) and ignores it")
+            notes.append(f"note: --federation-config {key} is a setting of Ray's logging; the in-process engine "
+                         "has no Ray and ignores it")
         elif key in out:
             out[key] = value
-    if {"client-resources-num-cpus", "client-resources-num-gpus"} & set(federation):
-        machine = machine or this_machine({})
-        if (problem := room_problem(federation, [machine], "this machine", engine="inprocess")) is not None:
-            raise ConfigError(problem)
+    machine = machine or machine_for(out)
+    if (problem := resource_problem(float(out["client-resources-num-cpus"]), float(out["client-resources-num-gpus"]),
+                                    machine)) is not None:
+        raise ConfigError(problem)  # before the data is loaded
     return out
+
+
+def machine_for(federation: dict[str, Any]) -> Machine:
+    """This machine as the engine's federation settings size it (init-args-num-* as Ray takes them)."""
+    return detect_machine({k: v for k, v in federation.items() if v is not None})
 
 
 def continue_command(overrides: dict[str, Any], federation_args: list[str], run_name: str) -> str:
@@ -113,12 +121,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="as for flwr run: 'key=value ...' or a .toml file; repeatable, each key once "
                              "(fedvls check --help, docs/configuration.md)")
     parser.add_argument("--federation-config", action="append", default=[], metavar="STR",
-                        help="'num-supernodes=10 client-resources-num-cpus=1': the simulated nodes (default 10) and "
-                             "each client's torch threads when torch-threads=0 (default 2); Ray's keys "
-                             "(client-resources-num-gpus, init-args-*) are noted and ignored")
+                        help="'num-supernodes=10 client-resources-num-cpus=1 client-resources-num-gpus=0.25' "
+                             "(Flower's defaults: 10 nodes, 2 CPUs and no GPU per client): the clients of a round "
+                             "train at once on as many worker processes as the machine holds at that size")
+    parser.add_argument("--workers", type=int, metavar="N",
+                        help="at most N client workers (default: as many as the federation config gives room for; "
+                             "1: the clients one after another)")
     args = parser.parse_args(argv)
     notes: list[str] = []
     try:
+        if args.workers is not None and args.workers < 1:
+            raise ConfigError(f"--workers {args.workers}: give 1 or more (1: the clients one after another)")
         overrides = parse_run_config_args(args.run_config)
         federation = engine_federation(parse_run_config_args(args.federation_config, "--federation-config"), notes)
         check_run_config(overrides, int(federation["num-supernodes"]), this_machine=True, warn=notes)
@@ -133,9 +146,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         done = run_in_process(overrides, int(federation["num-supernodes"]),
-                              client_cpus=float(federation["client-resources-num-cpus"]))
-    except RunFolderBusy as err:  # another run took the folder after the check above: nothing was written
-        print(f"error: {err}", file=sys.stderr)
+                              client_cpus=float(federation["client-resources-num-cpus"]),
+                              client_gpus=float(federation["client-resources-num-gpus"]),
+                              workers=args.workers, machine=machine_for(federation))
+    except (RunFolderBusy, ConfigError) as err:  # another run took the folder after the check above, or the
+        print(f"error: {err}", file=sys.stderr)  # machine cannot serve the config: nothing was written
         return 2
     except Exception as err:  # noqa: BLE001 - the ServerApp's own message (what is saved, how to go on)
         print(f"error: the run failed: {err}", file=sys.stderr)
@@ -144,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         if stop_signal(stop) is not None:
             say_what_is_kept(stop, kept_after_stop(overrides, args.federation_config))
         raise
-    print(f"done: {done.run_dir} ({done.seconds:.1f} s, {done.client_seconds:.1f} s of it in the clients)")
+    print(f"done: {done.run_dir} ({done.seconds:.1f} s, {done.client_seconds:.1f} s of it in the clients, on "
+          f"{done.workers.split(':')[0]})")
     return 0
 
 

@@ -28,7 +28,6 @@ import contextlib
 import dataclasses
 import errno
 import json
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -244,26 +243,60 @@ def _run_with_flwr(todo: list, planned: list, output_dir: Path, statuses: dict[s
         progress.close()
 
 
+def machine_shares(federations: list[dict[str, Any]], parallel: int, log: Callable[[str], None],
+                   machine: Any = None, runs: int | None = None) -> tuple[int, list[Any]]:
+    """How many runs go at once and each one's share of the machine. ``--parallel`` above the
+    machine's room (every run at least one client worker at its client resources) is capped,
+    and said; so is more than ``runs`` (the runs to do: a share nobody uses is wasted). A run
+    the machine cannot serve at all is a PresetError before anything starts."""
+    from fedvls_flwr.ops.resources import detect_machine, plan_workers, resource_problem, room_for_runs, share_machine
+
+    machine = machine or detect_machine()
+    asks = sorted({(float(f.get("client-resources-num-cpus", 2.0)), float(f.get("client-resources-num-gpus", 0.0)))
+                   for f in federations})
+    for cpus, gpus in asks:
+        if (problem := resource_problem(cpus, gpus, machine)) is not None:
+            raise PresetError(f"{problem} (in --federation-config or the preset's federation; --set "
+                              "client-resources-num-cpus=... / client-resources-num-gpus=... sets them for every run)")
+    room = min(room_for_runs(machine, cpus, gpus) for cpus, gpus in asks)
+    if parallel > room:
+        cpus, gpus = max(asks)
+        log(f"[sweep] --parallel {parallel}: this machine ({machine.describe()}) has room for {room} run(s) at once "
+            f"with at least one client worker each (client-resources-num-cpus={cpus:g}"
+            f"{f', client-resources-num-gpus={gpus:g}' if gpus else ''}): running {room} at once")
+        parallel = room
+    if runs is not None and 0 < runs < parallel:
+        log(f"[sweep] --parallel {parallel}: {runs} run(s) to do, so {runs} at once")
+        parallel = runs
+    shares = share_machine(machine, parallel)
+    nodes = max(int(f.get("num-supernodes", 10)) for f in federations)
+    sizes = "; ".join(sorted({plan_workers(shares[0], cpus, gpus, nodes).describe() for cpus, gpus in asks}))
+    log(f"[sweep] in-process engine: {parallel} run(s) at once, each with {shares[0].describe()}; a run's clients: "
+        f"{sizes} (--engine flwr: flwr run)")
+    return parallel, shares
+
+
 def _run_in_process(todo: list, planned: list, output_dir: Path, statuses: dict[str, str], view: ProgressView, *,
                     timeout: float, parallel: int) -> None:
     """Each run on the in-process engine, in ``parallel`` worker processes that pay their
-    start-up once; each run's log is its folder's ``run.log``."""
+    start-up once, each in its share of the machine; each run's log is its folder's ``run.log``."""
     from fedvls_flwr.ops.run_pool import Job, RunPool
 
     log = view.message
-    threads = max(1, (os.cpu_count() or 1) // parallel)
-    log(f"[sweep] in-process engine: {parallel} worker(s), {threads} thread(s) each (--engine flwr: flwr run)")
+    parallel, shares = machine_shares([federation for _, federation, _ in todo], parallel, log, runs=len(todo))
+    threads = max(1, int(shares[0].cores))
     jobs, started = [], {}
     for run_config, federation, identity in todo:
         name = run_config["run-name"]
         started[name] = (run_config, federation, identity)
         jobs.append(Job(name, run_config, int(federation.get("num-supernodes", 10)),
-                        float(federation.get("client-resources-num-cpus", 2.0)), output_dir / name / RUN_LOG, timeout))
+                        float(federation.get("client-resources-num-cpus", 2.0)), output_dir / name / RUN_LOG, timeout,
+                        float(federation.get("client-resources-num-gpus", 0.0))))
     index = {job.key: i for i, job in enumerate(jobs)}
     progress = SweepProgress(output_dir, planned, view) if parallel == 1 else None
     pending, done = list(jobs), 0
     try:
-        with RunPool(workers=parallel, threads=threads) as pool:
+        with RunPool(workers=parallel, threads=threads, shares=shares) as pool:
             while pending or pool.free < parallel:
                 while pending and pool.free > 0:
                     job = pending.pop(0)
@@ -394,7 +427,9 @@ def main(argv: list[str] | None = None) -> int:
                              "once; flwr (the default when RAY_ADDRESS is set): every run a real flwr run on a "
                              "local SuperLink and Ray (docs/running.md, 'Which engine')")
     parser.add_argument("--parallel", type=int, default=1, metavar="N",
-                        help="in-process engine: N runs at once, each with 1/N of the CPU threads (default 1)")
+                        help="in-process engine: N runs at once, each with 1/N of the machine's cores and GPUs, "
+                             "capped at the machine's room (default 1: one run at a time, its clients training "
+                             "at once on every core and GPU its federation config gives room for)")
     parser.add_argument("--no-shared-ray", action="store_true",
                         help="let each run start (and stop) its own Ray, instead of one Ray head on 127.0.0.1 "
                              "that every run of the sweep joins; with RAY_ADDRESS set, every run joins that "

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +15,25 @@ from typing import Any
 
 from fedvls_flwr.config.settings import toml_value
 
-BIN_DIR = Path(sys.executable).parent
+
+def console_scripts(name: str, package: str) -> Path:
+    """The folder of ``package``'s console script ``name``: beside this interpreter (a virtual
+    environment), else on ``PATH``, else the ``bin`` folder of a ``pip install --target`` that
+    holds the package (on ``PYTHONPATH``); beside this interpreter when none has it (the error
+    then names that path)."""
+    here = Path(sys.executable).parent
+    if (here / name).exists():
+        return here
+    if found := shutil.which(name):
+        return Path(found).parent
+    spec = importlib.util.find_spec(package)  # found, not imported
+    if spec is not None and spec.origin is not None and (target := Path(spec.origin).parents[1] / "bin" / name).exists():
+        return target.parent
+    return here
+
+
+#: Where Flower's console scripts (flower-superlink, flwr, ...) are.
+BIN_DIR = console_scripts("flower-superlink", "flwr")
 
 
 # A SuperNode's SuperExec asks it for a new task every FLWR_SUPEREXEC_TASK_POLL_INTERVAL

@@ -21,43 +21,55 @@ a deterministic run's history equals ``flwr run .``'s bit for bit:
   ``OMP_NUM_THREADS``) unless the run's ``torch-threads`` sets them, and nothing it does to
   torch's thread count or the random generators reaches the ServerApp's side.
 
-Clients run one after another (a round's messages in the order the ServerApp pushed them).
-A GPU, where torch sees one, is the clients' and the server's.
+A round's clients run at once on client workers (:mod:`fedvls_flwr.ops.client_pool`), as many
+as the federation config gives room for (:func:`fedvls_flwr.ops.resources.plan_workers`); one
+worker on a machine without a GPU is this process, the clients one after another in the order
+the ServerApp pushed them. Flower's objects are handled through
+:mod:`fedvls_flwr.ops.flower_internals`.
 """
 
 from __future__ import annotations
 
-import copy
-import random
+import atexit
 import secrets
 import time
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from logging import INFO
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
-import numpy as np
-import torch
-from flwr.app import ArrayRecord, Context, Error, Message, RecordDict
+from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
-from flwr.clientapp.client_app import ClientAppException
-from flwr.common.constant import NUM_PARTITIONS_KEY, PARTITION_ID_KEY, SUPERLINK_NODE_ID, ErrorCode
+from flwr.common.constant import NUM_PARTITIONS_KEY, PARTITION_ID_KEY, SUPERLINK_NODE_ID
+from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
-from flwr.supercore.task_identity import TaskIdentity
 
 from fedvls_flwr.app.client_app import app as project_client_app
 from fedvls_flwr.app.server_app import RUN_RECORD
 from fedvls_flwr.app.server_app import app as server_app
-from fedvls_flwr.config.run_config import RunConfig
+from fedvls_flwr.config.run_config import ConfigError, RunConfig
+from fedvls_flwr.ops.client_pool import PROJECT_CLIENT_APP, ClientPool
+from fedvls_flwr.ops.client_worker import run_client, stamped
+from fedvls_flwr.ops.flower_internals import own_copy, set_message_id, task_identity
 from fedvls_flwr.ops.launch import PROJECT_DIR
+from fedvls_flwr.ops.resources import (
+    FLOWER_DEFAULT_CLIENT_CPUS,
+    FLOWER_DEFAULT_CLIENT_GPUS,
+    Machine,
+    WorkerPlan,
+    detect_machine,
+    plan_workers,
+    resource_problem,
+)
 
-__all__ = ["InProcessGrid", "InProcessRun", "run_in_process"]
+__all__ = ["InProcessGrid", "InProcessRun", "close_kept_pool", "run_in_process"]
 
-#: Flower's default ``client-resources-num-cpus`` in a simulation (Ray's per-actor CPUs).
-FLOWER_DEFAULT_CLIENT_CPUS = 2.0
+#: How long one ``pull_messages`` waits for the replies it asks for (the server's own loop sleeps
+#: 10 ms between pulls: waiting here instead, it sees the round's last reply at once).
+PULL_WAIT = 0.1
 
 
 def _new_node_ids(count: int) -> list[int]:
@@ -68,50 +80,6 @@ def _new_node_ids(count: int) -> list[int]:
     return list(ids)
 
 
-@contextmanager
-def _client_process(threads: int) -> Iterator[None]:
-    """The ClientApp as a Ray actor runs it: its own torch thread count and random generators,
-    which the ServerApp's side (evaluation, sampling) never sees."""
-    server_threads = torch.get_num_threads()
-    py_state, np_state = random.getstate(), np.random.get_state()
-    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
-    with torch.random.fork_rng(devices=devices):
-        torch.set_num_threads(threads)
-        try:
-            yield
-        finally:
-            torch.set_num_threads(server_threads)
-            random.setstate(py_state)
-            np.random.set_state(np_state)
-
-
-def _own_copy(message: Message) -> Message:
-    """A copy of ``message`` that shares nothing mutable with it: new records, new ``Array``
-    objects over the same (immutable) bytes, lists copied. What a transport's serialisation
-    gives, without re-encoding the arrays."""
-    copied = copy.copy(message)
-    copied.__dict__["_metadata"] = copy.copy(message.metadata)
-    copied.__dict__["_content"] = None if message.__dict__.get("_content") is None else _content_copy(message.content)
-    return copied
-
-
-def _content_copy(content: RecordDict) -> RecordDict:
-    """Records copied without Flower's per-item checks (the items were checked when the server
-    set them): an ``Array``'s fields are replaced, never changed in place, so a copied ``Array``
-    may share its bytes."""
-    out = copy.copy(content)
-    records = {}
-    for name, record in content.items():
-        new = copy.copy(record)
-        if isinstance(record, ArrayRecord):
-            new.__dict__["_data"] = {k: copy.copy(a) for k, a in record.items()}
-        else:  # ConfigRecord / MetricRecord: scalars and lists of scalars
-            new.__dict__["_data"] = {k: list(v) if isinstance(v, list) else v for k, v in record.items()}
-        records[name] = new
-    out.__dict__["_data"] = records
-    return out
-
-
 class InProcessGrid(Grid):
     """Flower's ``Grid`` over a ClientApp in this process (see the module docstring)."""
 
@@ -120,10 +88,11 @@ class InProcessGrid(Grid):
     every_node_registered = True
 
     def __init__(self, client_app: ClientApp, run: Run, run_config: dict[str, Any], num_nodes: int,
-                 client_threads: int = 1) -> None:
+                 client_threads: int = 1, pool: ClientPool | None = None) -> None:
         self.client_app = client_app
         self._run = run
         self.client_threads = client_threads
+        self.pool = pool  # None: every message runs here, when it is pushed
         self.contexts: dict[int, Context] = {}
         for partition, node_id in enumerate(_new_node_ids(num_nodes)):
             node_config: dict[str, bool | float | int | str] = {PARTITION_ID_KEY: partition, NUM_PARTITIONS_KEY: num_nodes}
@@ -153,80 +122,169 @@ class InProcessGrid(Grid):
         return [NodeInfo(node_id=n) for n in self.contexts]
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        ids = []
+        ids, batch = [], []
         for message in messages:
-            message.metadata.__dict__["_message_id"] = str(uuid4())
+            set_message_id(message, str(uuid4()))
             if message.metadata.dst_node_id not in self.contexts:
                 raise ValueError(f"no node {message.metadata.dst_node_id} in this run")
-            self._replies[message.metadata.message_id] = self._deliver(message)
+            if self.pool is None:
+                self._replies[message.metadata.message_id] = self._deliver(message)
+            else:
+                batch.append((message, self.contexts[message.metadata.dst_node_id]))
             ids.append(message.metadata.message_id)
+        if batch and self.pool is not None:
+            self.pool.submit(batch)
         return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        return [self._replies.pop(i) for i in list(message_ids) if i in self._replies]
+        """The replies that are ready; with workers, once all are or after PULL_WAIT."""
+        message_ids = list(message_ids)
+        if self.pool is None:
+            return [self._replies.pop(i) for i in message_ids if i in self._replies]
+        return self.pool.collect(message_ids, wait=PULL_WAIT)
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
-        return self.pull_messages(self.push_messages(messages))
+        waiting = list(self.push_messages(messages))
+        replies: list[Message] = []
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while waiting and (deadline is None or time.monotonic() < deadline):
+            got = list(self.pull_messages(waiting))
+            replies += got
+            done = {m.metadata.reply_to_message_id for m in got}
+            waiting = [i for i in waiting if i not in done]
+        return replies
 
     # ---- one message ----------------------------------------------------------------------
     def _deliver(self, message: Message) -> Message:
         """The node's reply to its own copy of ``message`` (an error reply when the ClientApp raises)."""
         context = self.contexts[message.metadata.dst_node_id]
-        received = _own_copy(message)  # as a transport would: the node's own message
-        kept = dict(context.state.items())  # the records the node held before this message
+        received = own_copy(message)  # as a transport would: the node's own message
         t0 = time.perf_counter()
         try:
-            with _client_process(self.client_threads):
-                reply = self.client_app(message=received, context=context)
-        except Exception as ex:  # noqa: BLE001 - a ClientApp that raises is a failed reply, as in Flower
-            for name in [n for n in context.state if n not in kept]:
-                del context.state[name]
-            for name, record in kept.items():
-                context.state[name] = record
-            wrapped = ClientAppException(str(ex))
-            reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
-                                  reason=str(type(wrapped)) + ":<'" + str(wrapped) + "'>"), reply_to=message)
+            reply, _ = run_client(self.client_app, received, context, self.client_threads)
         finally:
             self.client_seconds += time.perf_counter() - t0
-        reply.metadata.__dict__["_message_id"] = str(uuid4())
-        return reply
+        return stamped(reply)
 
 
 @dataclass
 class InProcessRun:
-    """What a run on the in-process engine did: its folder and where its seconds went."""
+    """What a run on the in-process engine did: its folder, where its seconds went, its workers."""
 
     run_dir: Path
     seconds: float
     client_seconds: float
     nodes: int
+    workers: str = ""  # the plan's one line
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+#: The pool kept warm between runs in this process (see ``keep_pool``), with what it was made for.
+_kept: tuple[ClientPool, tuple] | None = None
+
+
+def close_kept_pool() -> None:
+    """Stop the workers a ``keep_pool`` run left running (at exit; a sweep worker when it ends)."""
+    global _kept
+    if _kept is not None:
+        _kept[0].close()
+        _kept = None
+
+
+atexit.register(close_kept_pool)
+
+
+def _pool_for(plan: WorkerPlan, client_app: str, keep: bool) -> ClientPool:
+    """A pool for ``plan``: the kept one when it was made for the same plan and ClientApp (each
+    message carries the changes of this process's environment to its worker)."""
+    global _kept
+    key = (plan.devices, plan.omp_threads, client_app)
+    if _kept is not None and _kept[1] == key and _kept[0].alive:
+        return _kept[0]
+    close_kept_pool()
+    pool = ClientPool(plan, client_app)
+    if keep:
+        _kept = (pool, key)
+    return pool
+
+
+def client_plan(run_config: dict[str, Any], num_supernodes: int, client_cpus: float, client_gpus: float,
+                machine: Machine | None = None, workers: int | None = None) -> WorkerPlan:
+    """The run's client workers (:func:`fedvls_flwr.ops.resources.plan_workers`), or
+    ConfigError when this machine (or ``machine``, a share of it) cannot serve the config."""
+    machine = machine or detect_machine()
+    if (problem := resource_problem(client_cpus, client_gpus, machine)) is not None:
+        raise ConfigError(problem)
+    if workers is not None and workers < 1:
+        raise ConfigError(f"workers = {workers}: give 1 or more (1: the clients one after another)")
+    threads = run_config.get("torch-threads", 0)
+    return plan_workers(machine, client_cpus, client_gpus, num_supernodes,
+                        torch_threads=threads if isinstance(threads, int) else 0, most=workers)
+
+
 def run_in_process(overrides: dict[str, Any], num_supernodes: int = 10, *,
-                   client_cpus: float = FLOWER_DEFAULT_CLIENT_CPUS, project_dir: Path | None = None,
-                   client_app: ClientApp | None = None) -> InProcessRun:
+                   client_cpus: float = FLOWER_DEFAULT_CLIENT_CPUS, client_gpus: float = FLOWER_DEFAULT_CLIENT_GPUS,
+                   workers: int | None = None, machine: Machine | None = None, project_dir: Path | None = None,
+                   client_app: ClientApp | str | None = None, keep_pool: bool = True,
+                   client_output: Path | None = None) -> InProcessRun:
     """Run one experiment on the in-process engine: ``overrides`` of the app's run config (as
-    ``flwr run --run-config`` gives them), ``num_supernodes`` simulated nodes. Raises what the
-    ServerApp raises (a run that fails here is one ``flwr run`` reports ``finished:failed``).
-    ``client_app``: another ClientApp (the tests' fault injection wraps the project's)."""
-    client_app = client_app or project_client_app
+    ``flwr run --run-config`` gives them), ``num_supernodes`` simulated nodes, each client with
+    ``client_cpus`` CPUs and ``client_gpus`` of a GPU (the federation config's
+    ``client-resources-num-cpus`` / ``-num-gpus``), on as many workers as ``machine`` (default:
+    this one) holds of them, at most ``workers``. Raises ConfigError before anything runs when
+    the machine cannot serve the config, and what the ServerApp raises (a run that fails here
+    is one ``flwr run`` reports ``finished:failed``).
+
+    ``client_app``: another ClientApp: a ``module:attribute`` reference (a ClientApp, or a
+    function that gives one: what a worker process imports), or a ClientApp object, which runs
+    in this process only (one worker; the tests' fault injection wraps the project's).
+    ``keep_pool``: leave the workers running for this process's next run with the same plan
+    and ClientApp (a sweep worker's next run; they stop when this process ends);
+    ``client_output``: the file the workers' own output goes to (the run's log).
+    """
     run_config = fused_run_config(overrides, project_dir)
+    app: ClientApp | None
+    if isinstance(client_app, ClientApp):
+        # an object cannot be sent to a worker: one worker, this process (whatever the GPUs)
+        plan = client_plan(run_config, num_supernodes, client_cpus, 0.0, Machine(max(1.0, client_cpus)), workers=1)
+        app, reference = client_app, None
+    else:
+        plan = client_plan(run_config, num_supernodes, client_cpus, client_gpus, machine, workers)
+        reference = client_app or PROJECT_CLIENT_APP
+        app = project_client_app if reference == PROJECT_CLIENT_APP else None
     run_id = secrets.randbits(63) or 1
     run = Run.create_empty(run_id)
-    grid = InProcessGrid(client_app, run, run_config, num_supernodes, client_threads=max(1, int(client_cpus)))
+    log(INFO, "client workers: %s", plan.describe())
+    pool = None if plan.in_this_process or reference is None else _pool_for(plan, reference, keep_pool)
+    if pool is None and app is None:
+        from fedvls_flwr.ops.client_worker import load_client_app
+
+        app = load_client_app(str(reference))
+    assert app is not None or pool is not None
+    if pool is not None and client_output is not None:
+        pool.log_to = str(client_output)
+    grid = InProcessGrid(app or project_client_app, run, run_config, num_supernodes,
+                         client_threads=plan.omp_threads, pool=pool)
     context = Context(run_id=run_id, node_id=SUPERLINK_NODE_ID, node_config={}, state=RecordDict(),
                       run_config=dict(run_config))
-    identity = TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, run_id, SUPERLINK_NODE_ID
     t0 = time.perf_counter()
+    before = (pool.client_seconds, pool.transport_seconds, len(pool.crashes)) if pool is not None else (0.0, 0.0, 0)
     try:
-        server_app(grid=grid, context=context)
+        with task_identity(1, run_id, SUPERLINK_NODE_ID):  # the ServerApp's, as its SuperExec gives it
+            server_app(grid=grid, context=context)
     finally:
-        TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = identity
+        if pool is not None:
+            pool.forget()
+            if not (keep_pool and pool.alive):
+                pool.close()
     run_dir = Path(str(context.state.config_records[RUN_RECORD]["run-dir"]))
-    return InProcessRun(run_dir=run_dir, seconds=time.perf_counter() - t0, client_seconds=grid.client_seconds,
-                        nodes=num_supernodes)
+    extra: dict[str, Any] = {}
+    client_seconds = grid.client_seconds
+    if pool is not None:
+        client_seconds = pool.client_seconds - before[0]
+        extra = {"transport_seconds": pool.transport_seconds - before[1], "crashes": pool.crashes[before[2]:]}
+    return InProcessRun(run_dir=run_dir, seconds=time.perf_counter() - t0, client_seconds=client_seconds,
+                        nodes=num_supernodes, workers=plan.describe(), extra=extra)
 
 
 def fused_run_config(overrides: dict[str, Any], project_dir: Path | None = None) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 SuperLink ``RAY_ADDRESS`` (docs/ray-cluster.md; the checks of an address are in
 :mod:`fedvls_flwr.app.ray_address`).
 
-No Ray import here: ``ray`` is the CLI next to this interpreter. The processes are stopped by
+No Ray import here: ``ray`` is the CLI next to this interpreter (or on PATH). The processes are stopped by
 PID (:func:`fedvls_flwr.ops.processes.stop_process`), never with ``ray stop``, which stops every
 Ray cluster of this user on the machine.
 """
@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedvls_flwr.ops.flower_cli import console_scripts
 from fedvls_flwr.ops.processes import descendants, die_with_parent, free_port, stop_process
 
-RAY_BIN = Path(sys.executable).parent / "ray"
+RAY_BIN = console_scripts("ray", "ray") / "ray"
 #: What ``ray start`` prints once its node serves.
 STARTED = "Ray runtime started."
 

@@ -2,7 +2,9 @@
 
 A sweep's runs go to up to N workers (``--parallel N``). Each worker is a Python process that
 imports torch and Flower once and then runs one experiment after another
-(:func:`fedvls_flwr.ops.inprocess.run_in_process`), with its share of the machine's threads.
+(:func:`fedvls_flwr.ops.inprocess.run_in_process`) in its share of the machine
+(:func:`fedvls_flwr.ops.resources.share_machine`: its cores, its GPUs or part of one), which
+each run's clients fill with client workers it keeps warm from one run to the next.
 A run that outlives its timeout has its worker stopped (by PID, SIGTERM then SIGKILL) and a
 fresh worker takes the next run; the stopped run keeps what it saved (its checkpoint), and the
 sweep resumes it next time. Each run's output (the ServerApp's log) goes to a file the caller
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from fedvls_flwr.ops.processes import die_with_parent, is_running
+from fedvls_flwr.ops.resources import Machine, cuda_visible_devices
 
 __all__ = ["Job", "Outcome", "RunPool"]
 
@@ -39,6 +42,7 @@ class Job:
     client_cpus: float
     log: Path
     timeout: float
+    client_gpus: float = 0.0
 
 
 @dataclass
@@ -49,14 +53,25 @@ class Outcome:
     seconds: float = 0.0
 
 
-def _worker(conn: Connection, threads: int) -> None:  # pragma: no cover - runs in the worker process
+def _worker(conn: Connection, threads: int, share: Machine | None) -> None:  # pragma: no cover - a worker process
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the sweep stops its workers
+    if share is not None and share.gpus:  # this worker's GPUs only, numbered from 0 as its runs see them
+        os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices(tuple(i for i, _ in share.gpus),
+                                                                  os.environ.get("CUDA_VISIBLE_DEVICES"))
+        share = Machine(share.cores, tuple((j, part) for j, (_, part) in enumerate(share.gpus)))
     import torch
 
     torch.set_num_threads(threads)
-    from fedvls_flwr.ops.inprocess import run_in_process  # the worker's import, not the sweep's (no torch there)
+    from fedvls_flwr.ops.inprocess import close_kept_pool, run_in_process  # the worker's, not the sweep's (no torch)
 
+    try:
+        _serve(conn, share, run_in_process)
+    finally:
+        close_kept_pool()  # the client workers it kept warm (atexit does not run in this process)
+
+
+def _serve(conn: Connection, share: Machine | None, run_in_process: Any) -> None:  # pragma: no cover - a worker process
     while True:
         try:
             job: Job | None = conn.recv()
@@ -67,7 +82,8 @@ def _worker(conn: Connection, threads: int) -> None:  # pragma: no cover - runs 
         t0 = time.perf_counter()
         with _output_to(job.log):
             try:
-                run_in_process(job.overrides, job.num_supernodes, client_cpus=job.client_cpus)
+                run_in_process(job.overrides, job.num_supernodes, client_cpus=job.client_cpus,
+                               client_gpus=job.client_gpus, machine=share, keep_pool=True, client_output=job.log)
                 result = Outcome(job.key, "completed")
             except BaseException as err:  # noqa: BLE001 - reported to the sweep, the worker goes on
                 traceback.print_exc()
@@ -107,26 +123,34 @@ class _output_to:  # noqa: N801 - a context manager
 class _Worker:
     process: Any
     conn: Connection
+    slot: int
     job: Job | None = None
     started: float = 0.0
 
 
 @dataclass
 class RunPool:
-    """Up to ``workers`` worker processes with ``threads`` torch threads each."""
+    """Up to ``workers`` worker processes with ``threads`` torch threads each; worker i runs in
+    ``shares[i]`` (None: the whole machine, as the run sizes it itself)."""
 
     workers: int = 1
     threads: int = 1
+    shares: list[Machine] | None = None
     _idle: list[_Worker] = field(default_factory=list)
     _busy: list[_Worker] = field(default_factory=list)
 
     def _spawn(self) -> _Worker:
         context = multiprocessing.get_context("spawn")  # no fork of a process that holds threads
         parent, child = context.Pipe()
-        process = context.Process(target=_worker, args=(child, self.threads), daemon=True, name="fedvls-run-worker")
+        taken = {w.slot for w in self._idle + self._busy}
+        slot = min(set(range(self.workers)) - taken)
+        share = self.shares[slot] if self.shares else None
+        # not a daemon: it starts client workers of its own; it ends with the pool, or with the sweep (die_with_parent)
+        process = context.Process(target=_worker, args=(child, self.threads, share), daemon=False,
+                                  name="fedvls-run-worker")
         process.start()
         child.close()
-        return _Worker(process, parent)
+        return _Worker(process, parent, slot)
 
     @property
     def free(self) -> int:

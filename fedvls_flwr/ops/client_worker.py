@@ -1,0 +1,318 @@
+"""A client worker of the in-process engine, and what passes between it and its parent.
+
+The worker (:func:`worker_main`) is a fresh Python process that imports torch, Flower and the
+ClientApp once, opens its CUDA context once when it has a GPU, and then runs the ClientApp on
+one message after another (:func:`run_client`: the thread count and random generators a Ray
+actor would give it), keeping its node data caches from message to message. Its parent is
+:class:`fedvls_flwr.ops.client_pool.ClientPool`.
+
+On the wire (a socket pair): each message and reply is a pickled header - the records'
+structure (:func:`encode_records`), array bytes replaced by numbers - then the array bytes
+themselves, through a file in shared memory both map when there is one (:class:`Bulk`), else
+as raw frames on the socket; never pickled.
+"""
+
+from __future__ import annotations
+
+import importlib
+import mmap
+import os
+import pickle
+import random
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+from uuid import uuid4
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
+from flwr.app.message import make_message
+from flwr.clientapp import ClientApp
+from flwr.clientapp.client_app import ClientAppException
+from flwr.common.constant import ErrorCode
+
+from fedvls_flwr.ops.flower_internals import copied_metadata
+from fedvls_flwr.ops.processes import die_with_parent
+
+__all__ = ["Bulk", "client_process", "decode_records", "encode_records", "load_client_app", "run_client",
+           "stamped", "worker_main"]
+
+#: Where the shared-memory files live (tmpfs); without it, everything goes through the socket.
+SHM_DIR = Path("/dev/shm")
+#: The pickle protocol of the headers.
+HEADER_PROTOCOL = pickle.HIGHEST_PROTOCOL
+
+
+# ---- one message, as a Ray actor runs it (a worker, or the calling process) ----------------
+@contextmanager
+def client_process(threads: int) -> Iterator[None]:
+    """The ClientApp as a Ray actor runs it: its own torch thread count and random generators,
+    which nothing outside the message (the ServerApp's side, the next message) sees."""
+    import torch
+
+    outer_threads = torch.get_num_threads()
+    py_state, np_state = random.getstate(), np.random.get_state()
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.set_num_threads(threads)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(outer_threads)
+            random.setstate(py_state)
+            np.random.set_state(np_state)
+
+
+def run_client(client_app: ClientApp, message: Message, context: Context, threads: int) -> tuple[Message, bool]:
+    """The node's reply to ``message`` and whether the ClientApp returned one (False: it raised,
+    the reply is the error reply Flower's simulation builds, and ``context.state`` holds again
+    the records it held before, as a Ray actor's copy would)."""
+    kept = dict(context.state.items())
+    try:
+        with client_process(threads):
+            return client_app(message=message, context=context), True
+    except Exception as ex:  # noqa: BLE001 - a ClientApp that raises is a failed reply, as in Flower
+        for name in [n for n in context.state if n not in kept]:
+            del context.state[name]
+        for name, record in kept.items():
+            context.state[name] = record
+        wrapped = ClientAppException(str(ex))
+        return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
+                             reason=str(type(wrapped)) + ":<'" + str(wrapped) + "'>"), reply_to=message), False
+
+
+def stamped(reply: Message) -> Message:
+    """``reply`` with a message id of its own, as the SuperLink gives every reply it stores."""
+    metadata = copied_metadata(reply.metadata, str(uuid4()))
+    if reply.has_error():
+        return make_message(metadata, error=reply.error)
+    return make_message(metadata, content=reply.content)
+
+
+def load_client_app(reference: str) -> ClientApp:
+    """``module:attribute``: a ClientApp, or a function that returns one (the tests' fault injection)."""
+    module, _, name = reference.partition(":")
+    found = getattr(importlib.import_module(module), name)
+    app = found if isinstance(found, ClientApp) else found()
+    if not isinstance(app, ClientApp):
+        raise TypeError(f"{reference} is not a ClientApp nor gives one")
+    return app
+
+
+# ---- records on the wire: structure pickled, array bytes as raw frames ----------------------
+Encoded = list[tuple[str, str, Any]]
+
+
+def encode_records(content: RecordDict, blob: Callable[[bytes], int]) -> Encoded:
+    """``content`` as picklable tuples in its own order; each array's bytes replaced by the
+    number ``blob`` gives them."""
+    out: Encoded = []
+    for name, record in content.items():
+        if isinstance(record, ArrayRecord):
+            out.append((name, "arrays", [(k, a.dtype, a.shape, a.stype, blob(a.data)) for k, a in record.items()]))
+        elif isinstance(record, ConfigRecord):
+            out.append((name, "config", dict(record)))
+        else:
+            out.append((name, "metrics", dict(record)))
+    return out
+
+
+def decode_records(encoded: Encoded, blob: Callable[[int], bytes]) -> RecordDict:
+    records: dict[str, ArrayRecord | ConfigRecord | MetricRecord] = {}
+    for name, kind, items in encoded:
+        if kind == "arrays":
+            records[name] = ArrayRecord({k: Array(dtype, tuple(shape), stype, blob(n)) for k, dtype, shape, stype, n in items})
+        elif kind == "config":
+            records[name] = ConfigRecord(items)
+        else:
+            records[name] = MetricRecord(items)
+    return RecordDict(records)
+
+
+class Numbering:
+    """Numbers for byte strings, one per distinct object (the arrays a round's messages share)."""
+
+    def __init__(self, counter: Iterator[int]) -> None:
+        self.counter = counter
+        self.by_object: dict[int, tuple[int, bytes]] = {}
+
+    def __call__(self, data: bytes) -> int:
+        if id(data) not in self.by_object:
+            self.by_object[id(data)] = (next(self.counter), data)
+        return self.by_object[id(data)][0]
+
+    def blobs(self) -> list[tuple[int, bytes]]:
+        return list(self.by_object.values())
+
+
+class Bulk:
+    """Array bytes between a worker and its parent: through a file in shared memory that both
+    map (one copy in, one copy out), else - no such file, or too small - through the connection.
+
+    The parent makes the file (reserving its pages: a full tmpfs is a clean fallback, never a
+    SIGBUS later), names it in a message, and unlinks it once the worker has mapped it (the
+    memory goes when both let go, even if one is killed). One message at a time uses it: the
+    parent writes the message's arrays, the worker copies them out, then writes its reply's."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.map: mmap.mmap | None = None
+        self.size = 0
+
+    def attach(self, path: str, size: int) -> None:
+        """(worker) map the parent's file."""
+        self.close()
+        fd = os.open(path, os.O_RDWR)
+        try:
+            self.map, self.size = mmap.mmap(fd, size), size
+        finally:
+            os.close(fd)
+
+    def create(self, size: int, name: str) -> str | None:
+        """(parent) a new file of ``size`` bytes, mapped; its path, or None (no room: use the connection)."""
+        self.close()
+        path = SHM_DIR / name
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError:
+            return None
+        try:
+            os.posix_fallocate(fd, 0, size)
+            self.map, self.size = mmap.mmap(fd, size), size
+        except OSError:
+            path.unlink(missing_ok=True)
+            return None
+        finally:
+            os.close(fd)
+        return str(path)
+
+    def put(self, blobs: list[bytes]) -> list[tuple[int | None, int]]:
+        """Write what fits; each blob's (offset, length), offset None: it goes through the connection."""
+        layout: list[tuple[int | None, int]] = []
+        offset = 0
+        for data in blobs:
+            if self.map is not None and offset + len(data) <= self.size:
+                self.map[offset:offset + len(data)] = data
+                layout.append((offset, len(data)))
+                offset += len(data)
+            else:
+                layout.append((None, len(data)))
+        return layout
+
+    def send_rest(self, blobs: list[bytes], layout: list[tuple[int | None, int]]) -> None:
+        for data, (offset, _) in zip(blobs, layout):
+            if offset is None:
+                self.conn.send_bytes(data)
+
+    def take(self, layout: list[tuple[int | None, int]]) -> list[bytes]:
+        assert all(offset is None for offset, _ in layout) or self.map is not None
+        return [self.conn.recv_bytes() if offset is None else bytes(self.map[offset:offset + n])  # type: ignore[index]
+                for offset, n in layout]
+
+    def close(self) -> None:
+        if self.map is not None:
+            self.map.close()
+        self.map, self.size = None, 0
+
+
+def _output_to(path: str) -> None:  # pragma: no cover - a worker process
+    """fd 1 and 2 of this process appended to ``path`` from now on."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+class _Frames:
+    """Byte strings to send after a reply, numbered in order from 0; one the parent sent with the
+    message as the node's state (its number there, negative) and still unchanged is not sent
+    back, only named (FedConcat's frozen encoders, a round after round)."""
+
+    def __init__(self, received: dict[int, int] | None = None) -> None:
+        self.data: list[bytes] = []
+        self.received = received or {}  # id of a state blob the parent sent -> its number
+
+    def __call__(self, data: bytes) -> int:
+        if id(data) in self.received:
+            return self.received[id(data)]
+        self.data.append(data)
+        return len(self.data) - 1
+
+
+# ---- the worker process ------------------------------------------------------------------
+#: What a worker process runs: ``python -c WORKER_CODE FD THREADS APP`` (no ``multiprocessing``
+#: spawn, which would import the caller's main script again in every worker).
+WORKER_CODE = "import sys; from fedvls_flwr.ops.client_worker import worker_main; worker_main(*sys.argv[1:])"
+
+
+def worker_main(fd: str, threads_text: str, app_reference: str) -> None:  # pragma: no cover - a worker process
+    """A worker: its end of the parent's socket pair is ``fd``; start up, say ready (or why
+    not), then run one message after another until told to stop or the parent is gone."""
+    parent = os.getppid()
+    die_with_parent()
+    if os.getppid() != parent:  # the parent died before the line above
+        return
+    # Ctrl-C in a terminal reaches the whole process group: the run's own process says what is
+    # saved and stops its workers; a worker would only add a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    conn = Connection(int(fd))
+    threads = int(threads_text)
+    cuda_visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    try:
+        import torch
+
+        torch.set_num_threads(threads)
+        client_app = load_client_app(app_reference)
+        if cuda_visible and torch.cuda.is_available():
+            torch.zeros(1, device="cuda")  # the CUDA context, once, before the first message
+        conn.send(("ready", os.getpid()))
+    except BaseException:  # noqa: BLE001 - said to the parent, which says it to the user
+        conn.send(("failed", traceback.format_exc()))
+        return
+    blobs: dict[int, bytes] = {}
+    output: str | None = None
+    bulk = Bulk(conn)
+    while True:
+        try:
+            task = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            return
+        if task is None:
+            return
+        number, segment, new, keep, metadata, content, node, state, log_to, env = task
+        run_id, node_id, node_config, run_config = node
+        if segment is not None:
+            bulk.attach(*segment)
+        if log_to is not None and log_to != output:  # a kept worker's output goes to its current run's log
+            _output_to(log_to)
+            output = log_to
+        for key, value in env.items():  # the parent's environment now, as the ClientApp would read it there
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        for blob_number, data in zip([n for n, _ in new], bulk.take([place for _, place in new])):
+            blobs[blob_number] = data
+        message = make_message(metadata, content=decode_records(content, blobs.__getitem__))
+        context = Context(run_id=run_id, node_id=node_id, node_config=node_config,
+                          state=decode_records(state, blobs.__getitem__), run_config=run_config)
+        blobs_now = dict(blobs)  # this message's state blobs among them: kept alive until the reply is sent
+        for blob_number in [b for b in blobs if b not in keep]:  # the node's state, an earlier round's arrays
+            del blobs[blob_number]
+        t0 = time.perf_counter()
+        reply, returned = run_client(client_app, message, context, threads)
+        seconds = time.perf_counter() - t0
+        frames = _Frames({id(data): n for n, data in blobs_now.items() if n < 0})
+        body = ("error", reply.error) if reply.has_error() else ("content", encode_records(reply.content, frames))
+        new_state = encode_records(context.state, frames) if returned else None
+        layout = bulk.put(frames.data)
+        conn.send_bytes(pickle.dumps((number, seconds, reply.metadata, body, new_state, layout), HEADER_PROTOCOL))
+        bulk.send_rest(frames.data, layout)

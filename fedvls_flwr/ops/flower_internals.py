@@ -1,0 +1,90 @@
+"""What the in-process engine does to Flower's objects, in one place: through Flower 1.41's
+public API wherever it offers a way, and the one thing it does not offer, named here.
+
+The one private name: a message's id. ``flwr run`` gives every message an id when the ServerApp
+pushes it, in place, on the very object the ServerApp holds (its later ``pull_messages`` and its
+replies' ``reply_to_message_id`` name it). ``Metadata.message_id`` has no setter, so Flower's own
+grids write ``Metadata.__dict__["_message_id"]`` (``InMemoryGrid.push_messages``, the
+SuperLink's store); :func:`set_message_id` does what they do. :data:`PRIVATE_NAMES` lists it, and
+``tests/test_flower_internals.py`` fails, naming it, when a Flower upgrade removes it.
+
+The rest is public: a node's own copy of a message (:func:`own_copy`: ``make_message`` over a new
+``Metadata`` and new records, as a transport's deserialisation would give), and the identity of
+the task running in this process (:func:`task_identity`: ``TaskIdentity``'s properties, read
+and set, and put back afterwards).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, Metadata, MetricRecord, RecordDict
+from flwr.app.message import make_message
+from flwr.supercore.task_identity import TaskIdentity
+
+__all__ = ["PRIVATE_NAMES", "own_copy", "set_message_id", "task_identity"]
+
+#: Every attribute below Flower's public API the engine reads or writes: (class, attribute).
+PRIVATE_NAMES: tuple[tuple[type, str], ...] = ((Metadata, "_message_id"),)
+
+
+def set_message_id(message: Message, message_id: str) -> None:
+    """Give the pushed ``message`` its id in place, as Flower's grids do (see the module docstring)."""
+    message.metadata.__dict__["_message_id"] = message_id
+
+
+def copied_metadata(metadata: Metadata, message_id: str | None = None) -> Metadata:
+    """A new ``Metadata`` equal to ``metadata`` (``message_id``: with that id instead)."""
+    return Metadata(run_id=metadata.run_id, message_id=metadata.message_id if message_id is None else message_id,
+                    src_node_id=metadata.src_node_id, dst_node_id=metadata.dst_node_id,
+                    reply_to_message_id=metadata.reply_to_message_id, group_id=metadata.group_id,
+                    created_at=metadata.created_at, ttl=metadata.ttl, message_type=metadata.message_type,
+                    src_task_id=metadata.src_task_id, dst_task_id=metadata.dst_task_id)
+
+
+def own_copy(message: Message) -> Message:
+    """A copy of ``message`` that shares nothing mutable with it: new metadata, new records, new
+    ``Array`` objects over the same (immutable) bytes, lists copied - what a transport's
+    serialisation gives, without re-encoding the arrays."""
+    metadata = copied_metadata(message.metadata)
+    if message.has_error():
+        return make_message(metadata, error=message.error)
+    return make_message(metadata, content=records_copy(message.content))
+
+
+def records_copy(content: RecordDict) -> RecordDict:
+    """``content`` with every record new: an ``Array``'s fields are replaced, never changed in
+    place, so a copied ``Array`` may share its bytes; a config's or metric's lists are copied."""
+    records: dict[str, ArrayRecord | ConfigRecord | MetricRecord] = {}
+    for name, record in content.items():
+        if isinstance(record, ArrayRecord):
+            records[name] = ArrayRecord({key: copy.copy(array) for key, array in record.items()})
+        elif isinstance(record, ConfigRecord):  # copy.copy: a new list, the same (immutable) scalar
+            records[name] = ConfigRecord({key: copy.copy(value) for key, value in record.items()})
+        else:
+            records[name] = MetricRecord({key: copy.copy(value) for key, value in record.items()})
+    return RecordDict(records)
+
+
+def _current(name: str) -> int | None:
+    try:
+        return int(getattr(TaskIdentity, name))
+    except RuntimeError:  # not set in this process: Flower's getter refuses rather than give None
+        return None
+
+
+@contextmanager
+def task_identity(task_id: int, run_id: int, node_id: int) -> Iterator[None]:
+    """This process runs task ``task_id`` of run ``run_id`` on node ``node_id`` (what a new
+    ``Message`` reads for its metadata) until the block ends; then what it was before."""
+    names = ("task_id", "run_id", "node_id")
+    before = {name: _current(name) for name in names}
+    for name, value in zip(names, (task_id, run_id, node_id)):
+        setattr(TaskIdentity, name, value)
+    try:
+        yield
+    finally:
+        for name in names:
+            setattr(TaskIdentity, name, before[name])  # None again where it was not set

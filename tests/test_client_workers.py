@@ -1,0 +1,449 @@
+"""The in-process engine's client workers: how many, on which device (the federation config read
+as Flower's Ray simulation reads it), and the pool's plumbing with real worker processes - a
+node's state across workers, a client that raises, a worker that is killed, the arrays a round
+shares sent once per worker. End to end (whole runs, equality with Ray): test_e2e_inprocess.py
+and test_e2e_client_workers.py."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common.constant import ErrorCode
+from flwr.supercore.run import Run
+
+from fedvls_flwr.config.client_resources import NodeRoom, clients_at_once, room_problem, this_machine
+from fedvls_flwr.ops.client_pool import ClientPool, ClientWorkersFailed
+from fedvls_flwr.ops.client_worker import decode_records, encode_records, run_client
+from fedvls_flwr.ops.inprocess import InProcessGrid
+from fedvls_flwr.ops.resources import (
+    Machine,
+    WorkerPlan,
+    cuda_visible_devices,
+    plan_workers,
+    resource_problem,
+    room_for_runs,
+    share_machine,
+)
+
+pytestmark = pytest.mark.usefixtures("run_identity")
+
+
+def gpus(count: int, share: float = 1.0) -> tuple[tuple[int, float], ...]:
+    return tuple((i, share) for i in range(count))
+
+
+# ---- the device assignment ------------------------------------------------------------------
+def test_cpu_workers_are_the_cores_over_num_cpus_at_most_one_per_node():
+    plan = plan_workers(Machine(2), 1, 0, 10)
+    assert plan.devices == ((), ()) and plan.threads == 1 and not plan.in_this_process
+    assert plan.describe().startswith("2 workers: 2 on the CPU, 1 thread each")
+    assert plan_workers(Machine(16), 2, 0, 10).workers == 8
+    assert plan_workers(Machine(16), 1, 0, 3).workers == 3  # no worker without a node
+    assert plan_workers(Machine(16), 1, 0, 10, most=4).workers == 4
+    assert plan_workers(Machine(2), 0.5, 0, 10).workers == 4  # fractional CPUs, as Ray packs them
+
+
+def test_one_worker_without_a_gpu_to_hide_runs_in_this_process():
+    alone = plan_workers(Machine(2), 2, 0, 10)
+    assert alone.workers == 1 and alone.in_this_process
+    assert alone.describe().startswith("1 worker: the clients run one after another in this process, 2 threads each")
+    # on a GPU machine a client that asks for no GPU must not see it: a process of its own
+    hidden = plan_workers(Machine(2, gpus(1)), 2, 0, 10)
+    assert hidden.workers == 1 and hidden.devices == ((),) and not hidden.in_this_process
+
+
+def test_threads_are_num_cpus_unless_torch_threads_says_otherwise():
+    assert (plan_workers(Machine(8), 2, 0, 4).threads, plan_workers(Machine(8), 2, 0, 4).omp_threads) == (2, 2)
+    set_ = plan_workers(Machine(8), 2, 0, 4, torch_threads=1)
+    assert (set_.threads, set_.omp_threads) == (1, 2)
+    assert plan_workers(Machine(8), 0.5, 0, 4).omp_threads == 1
+
+
+def test_gpu_fractions_pack_per_gpu_and_spread_over_every_gpu():
+    one = plan_workers(Machine(16, gpus(1)), 1, 0.25, 4)
+    assert one.devices == ((0,),) * 4 and one.describe().startswith("4 workers: 4 on cuda:0, 1 thread each")
+    two = plan_workers(Machine(16, gpus(2)), 1, 0.25, 10)
+    assert two.devices == ((0,), (1,)) * 4 and "4 on cuda:0, 4 on cuda:1" in two.describe()
+    # fewer workers than slots: still every GPU, in turn
+    assert plan_workers(Machine(16, gpus(2)), 1, 0.25, 3).devices == ((0,), (1,), (0,))
+    # a fraction's slots per GPU: floor(1 / fraction), exactly (0.1 -> 10, not 9)
+    for fraction, per_gpu in ((0.1, 10), (0.2, 5), (0.3, 3), (0.4, 2), (0.5, 2), (0.6, 1), (1.0, 1)):
+        assert plan_workers(Machine(64, gpus(3)), 1, fraction, 100).workers == 3 * per_gpu, fraction
+    # whole GPUs per client take whole GPUs, together
+    assert plan_workers(Machine(16, gpus(4)), 1, 2, 10).devices == ((0, 1), (2, 3))
+    assert "2 on cuda:0+cuda:1" not in plan_workers(Machine(16, gpus(4)), 1, 2, 10).describe()
+    # the cores still bound it
+    assert plan_workers(Machine(4, gpus(1)), 2, 0.25, 10).devices == ((0,), (0,))
+
+
+@pytest.mark.parametrize("cores, gpu_count, num_cpus, num_gpus", [
+    (2, 0, 1, 0), (2, 0, 2, 0), (16, 0, 3, 0), (16, 1, 1, 0.25), (16, 1, 2, 0.25), (16, 2, 1, 0.5),
+    (8, 4, 1, 1), (64, 2, 1, 0.1), (16, 1, 1, 0), (4, 2, 1, 0.2), (32, 4, 2, 2),
+])
+def test_the_worker_count_is_the_ray_simulations_actor_count(monkeypatch, cores, gpu_count, num_cpus, num_gpus):
+    """Flower's own sizing (pool_size_from_resources, on a one-node Ray reporting these
+    resources) gives as many actors as the plan gives workers (with nodes to spare)."""
+    ray = pytest.importorskip("ray")
+    from flwr.simulation.ray_transport.ray_actor import pool_size_from_resources
+
+    resources = {"CPU": cores, **({"GPU": gpu_count} if gpu_count else {})}
+    monkeypatch.setattr(ray, "nodes", lambda: [{"Resources": resources}])
+    flower = pool_size_from_resources({"num_cpus": num_cpus, "num_gpus": num_gpus})
+    assert plan_workers(Machine(cores, gpus(gpu_count)), num_cpus, num_gpus, 1000).workers == flower
+
+
+def test_a_config_the_machine_cannot_serve_is_refused_with_the_fix():
+    assert resource_problem(1, 0, Machine(2)) is None
+    assert resource_problem(1, 0.25, Machine(2, gpus(1))) is None
+    no_gpu = resource_problem(1, 0.25, Machine(2))
+    assert no_gpu is not None and "this machine has no GPU" in no_gpu
+    assert "Leave client-resources-num-gpus out (or 0) to train on the CPU" in no_gpu
+    too_many = resource_problem(4, 0, Machine(2))
+    assert too_many is not None and "more CPUs per client than this machine has (2)" in too_many
+    assert "Give at most client-resources-num-cpus=2" in too_many
+    odd = resource_problem(1, 1.5, Machine(8, gpus(4)))
+    assert odd is not None and "whole GPUs" in odd
+    two = resource_problem(1, 2, Machine(8, gpus(1)))
+    assert two is not None and "more GPUs per client than this machine has on one node (1)" in two
+    assert resource_problem(0, 0, Machine(2)) is not None
+
+
+ASKS = list(itertools.product((1, 2, 3, 64), (0.0, 0.1, 0.25, 0.4, 0.5, 1.0, 2.0)))
+
+
+@pytest.mark.parametrize("cores, gpu_count", [(2, 0), (16, 1), (16, 2), (64, 3), (4, 4)])
+def test_the_worker_plan_and_fedvls_checks_rule_are_one_count(cores, gpu_count):
+    """One rule: the workers are config/client_resources.py's clients_at_once (what ``fedvls
+    check`` and flwr run's ServerApp refuse a federation by when it is 0), less only the GPU
+    places a fraction cannot span (0.4 on two GPUs: Flower counts 5, two fit on each GPU); the
+    engine refuses exactly where the check does."""
+    machine = Machine(cores, gpus(gpu_count))
+    for num_cpus, num_gpus in ASKS:
+        federation = {"client-resources-num-cpus": num_cpus, "client-resources-num-gpus": num_gpus}
+        count = clients_at_once(federation, [NodeRoom(cores, gpu_count)])
+        checked = room_problem(federation, [this_machine(federation, cpus=cores, gpus=gpu_count)])
+        refused = resource_problem(num_cpus, num_gpus, machine)
+        assert (checked is None) == (refused is None) == (count > 0), (num_cpus, num_gpus)
+        if count == 0:
+            continue
+        workers = plan_workers(machine, num_cpus, num_gpus, 1000).workers
+        if num_gpus == 0 or num_gpus >= 1 or (1 / num_gpus).is_integer():
+            assert workers == count, (num_cpus, num_gpus)
+        else:
+            assert workers == min(count, gpu_count * math.floor(1 / num_gpus)), (num_cpus, num_gpus)
+
+
+@pytest.mark.parametrize("cores, num_cpus", [(2, 1), (2, 2), (2, 3), (6, 4), (8, 3)])
+def test_fedvls_check_and_fedvls_run_refuse_and_size_alike_from_the_command_line(cores, num_cpus, monkeypatch,
+                                                                                   capsys):
+    """The same federation through the commands: ``fedvls check`` refuses it exactly when the
+    in-process engine's start-up does, and otherwise the engine plans Flower's count of workers."""
+    from fedvls_flwr.experiments.check import main as check_main
+    from fedvls_flwr.experiments.run import engine_federation, machine_for
+    from fedvls_flwr.ops.inprocess import client_plan
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    federation = {"num-supernodes": 100, "init-args-num-cpus": cores, "client-resources-num-cpus": num_cpus}
+    text = " ".join(f"{k}={v}" for k, v in federation.items())
+    checked = check_main(["--no-data", "--federation-config", text])
+    capsys.readouterr()
+    try:
+        engine = engine_federation(dict(federation), [])
+    except ValueError:
+        engine = None
+    assert (checked == 0) == (engine is not None)
+    if engine is not None:
+        plan = client_plan({}, 100, num_cpus, 0.0, machine_for(engine))
+        assert plan.workers == clients_at_once(federation, [NodeRoom(cores, 0)]) == cores // num_cpus
+
+
+def test_parallel_runs_share_cores_and_gpus():
+    assert [m.cores for m in share_machine(Machine(2), 2)] == [1, 1]
+    halves = share_machine(Machine(16, gpus(1)), 2)
+    assert [m.gpus for m in halves] == [((0, 0.5),), ((0, 0.5),)] and halves[0].cores == 8
+    assert [plan_workers(m, 1, 0.25, 10).workers for m in halves] == [2, 2]  # 4 clients on the GPU in all
+    assert [m.gpus for m in share_machine(Machine(16, gpus(3)), 2)] == [((0, 1.0),), ((1, 1.0), (2, 1.0))]
+    assert [m.gpus for m in share_machine(Machine(16, gpus(2)), 4)] == [((0, 0.5),), ((1, 0.5),)] * 2
+    assert room_for_runs(Machine(2), 1, 0) == 2 and room_for_runs(Machine(16, gpus(1)), 1, 0.25) == 4
+    assert room_for_runs(Machine(2), 4, 0) == 0
+    # the room is what the shares hold: each run keeps at least one worker
+    for parallel in range(1, room_for_runs(Machine(16, gpus(2)), 2, 0.25) + 1):
+        assert all(plan_workers(m, 2, 0.25, 10).workers >= 1 and not resource_problem(2, 0.25, m)
+                   for m in share_machine(Machine(16, gpus(2)), parallel))
+
+
+def test_a_worker_sees_its_own_gpus_and_none_when_it_asked_for_none():
+    assert cuda_visible_devices(()) == ""
+    assert cuda_visible_devices((1,)) == "1"
+    assert cuda_visible_devices((0, 1)) == "0,1"
+    assert cuda_visible_devices((1,), "3,5") == "5"  # the parent's own numbering
+    assert cuda_visible_devices((0,), "GPU-abc,GPU-def") == "GPU-abc"
+
+
+# ---- records on the wire ----------------------------------------------------------------------
+def test_records_survive_the_wire_in_order_with_arrays_sent_by_number():
+    arrays = ArrayRecord({"w": Array(np.arange(6, dtype=np.float32).reshape(2, 3)),
+                          "n": Array(np.array(7, dtype=np.int64))})  # a 0-d array (BatchNorm's counter)
+    content = RecordDict({"b-config": ConfigRecord({"x": 1, "s": "t", "l": [1.5, 2.0], "f": True, "raw": b"\x00"}),
+                          "a-arrays": arrays, "m": MetricRecord({"q": 0.5, "v": [1, 2]})})
+    blobs: list[bytes] = []
+
+    def number(data: bytes) -> int:
+        blobs.append(data)
+        return len(blobs) - 1
+
+    back = decode_records(encode_records(content, number), blobs.__getitem__)
+    assert list(back.keys()) == list(content.keys())
+    assert dict(back.config_records["b-config"]) == dict(content.config_records["b-config"])
+    assert dict(back.metric_records["m"]) == dict(content.metric_records["m"])
+    for key, array in arrays.items():
+        got = back.array_records["a-arrays"][key]
+        assert (got.dtype, got.shape, got.stype, got.data) == (array.dtype, array.shape, array.stype, array.data)
+        assert np.array_equal(got.numpy(), array.numpy())
+
+
+# ---- the pool, with real worker processes --------------------------------------------------------
+def pool_grid(workers: int, nodes: int = 3, app: str = "tests.worker_apps:app") -> tuple[InProcessGrid, ClientPool]:
+    from tests import worker_apps
+
+    pool = ClientPool(WorkerPlan(((),) * workers, threads=1, omp_threads=1, gpu_free_machine=False), app)
+    grid = InProcessGrid(worker_apps.app, Run.create_empty(11), {}, nodes, pool=pool)
+    return grid, pool
+
+
+def train_round(grid: InProcessGrid, do: dict[int, str] | None = None, size: int = 4) -> dict[int, Message]:
+    """One message to every node, all sharing one RecordDict (as the strategy sends them); the
+    replies by partition."""
+    do = do or {}
+    shared = RecordDict({"arrays": ArrayRecord({"w": Array(np.ones(size, dtype=np.float32))}),
+                         "config": ConfigRecord({"do": "count"})})
+    by_partition = {int(c.node_config["partition-id"]): n for n, c in grid.contexts.items()}
+    messages = []
+    for partition, node in sorted(by_partition.items()):
+        content = shared if partition not in do else RecordDict(
+            {"arrays": shared.array_records["arrays"], "config": ConfigRecord({"do": do[partition]})})
+        messages.append(Message(content, dst_node_id=node, message_type="train"))
+    replies = list(grid.send_and_receive(messages, timeout=120))
+    assert len(replies) == len(messages)
+    destination = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}
+    node_partition = {n: p for p, n in by_partition.items()}
+    return {node_partition[destination[r.metadata.reply_to_message_id]]: r for r in replies}
+
+
+def counts(grid: InProcessGrid) -> dict[int, int]:
+    return {int(c.node_config["partition-id"]): int(c.state.config_records["seen"]["count"])
+            for c in grid.contexts.values() if "seen" in c.state.config_records}
+
+
+def test_a_nodes_state_persists_across_its_messages_whichever_worker_takes_them():
+    grid, pool = pool_grid(workers=2, nodes=5)
+    with pool:
+        pool.wait_started()
+        pids = set()
+        for rnd in range(1, 5):
+            replies = train_round(grid)
+            assert {p: int(r.content.metric_records["metrics"]["count"]) for p, r in replies.items()} == \
+                dict.fromkeys(range(5), rnd)
+            pids |= {int(r.content.metric_records["metrics"]["pid"]) for r in replies.values()}
+            assert all(r.metadata.message_id and not r.has_error() for r in replies.values())
+        assert counts(grid) == dict.fromkeys(range(5), 4)  # the parent holds every node's state
+        assert len(pids) == 2 and pids == set(pool.pids())  # both workers served, none in this process
+        history = next(iter(grid.contexts.values())).state.array_records["history"]["last"].numpy()
+        assert history.tolist() == [4, 4, 4]
+
+
+def test_one_nodes_messages_run_one_after_another():
+    grid, pool = pool_grid(workers=3, nodes=1)
+    node = next(iter(grid.contexts))
+    with pool:
+        messages = [Message(RecordDict({"config": ConfigRecord({"do": "count"})}), dst_node_id=node,
+                            message_type="train") for _ in range(4)]
+        replies = list(grid.send_and_receive(messages, timeout=120))
+    assert sorted(int(r.content.metric_records["metrics"]["count"]) for r in replies) == [1, 2, 3, 4]
+    assert counts(grid) == {0: 4}
+
+
+def test_a_client_that_raises_gives_the_same_error_reply_as_in_this_process_and_keeps_its_state():
+    from tests import worker_apps
+
+    grid, pool = pool_grid(workers=2)
+    with pool:
+        train_round(grid)
+        replies = train_round(grid, do={1: "raise"})
+        third = train_round(grid)
+    failed = replies[1]
+    assert failed.has_error() and failed.error.code == ErrorCode.CLIENT_APP_RAISED_EXCEPTION
+    # the same reply the ClientApp gives when it runs in this process
+    context = next(c for c in grid.contexts.values() if c.node_config["partition-id"] == 1)
+    here, returned = run_client(worker_apps.app, Message(RecordDict({"config": ConfigRecord({"do": "raise"})}),
+                                                         dst_node_id=context.node_id, message_type="train"),
+                                context, threads=1)
+    assert not returned and here.error.code == failed.error.code
+    assert here.error.reason == failed.error.reason.replace("count 2", "count 3")
+    assert "asked to raise at count 2" in failed.error.reason
+    # its state stayed as it was before the message that raised: the third round counts 2, the others 3
+    assert {p: int(r.content.metric_records["metrics"]["count"]) for p, r in third.items()} == {0: 3, 1: 2, 2: 3}
+
+
+def test_a_killed_worker_fails_only_the_message_it_held_and_is_started_again():
+    grid, pool = pool_grid(workers=2, nodes=4)
+    with pool:
+        pool.wait_started()
+        train_round(grid)
+        before = set(pool.pids())
+        replies = train_round(grid, do={2: "die"})
+        pool.wait_started()  # the new worker
+        after = set(pool.pids())
+        third = train_round(grid)
+    died = replies[2]
+    assert died.has_error() and died.error.code == ErrorCode.CLIENT_APP_CRASHED
+    assert "killed by SIGKILL" in died.error.reason and "started again" in died.error.reason
+    assert all(not r.has_error() for p, r in replies.items() if p != 2)
+    assert len(pool.crashes) == 1 and len(after) == 2 and len(before & after) == 1  # one new worker
+    # the node's state is the one before the killed message; everyone else counted on
+    assert {p: int(r.content.metric_records["metrics"]["count"]) for p, r in third.items()} == {0: 3, 1: 3, 2: 2, 3: 3}
+    assert signal.SIGKILL.name in pool.crashes[0]
+
+
+@pytest.mark.parametrize("shared_memory", [True, False])
+def test_the_arrays_a_round_shares_go_to_each_worker_once(monkeypatch, tmp_path, shared_memory):
+    """Through shared memory, or (no /dev/shm, or no room there) through the connection: each
+    worker is sent the round's model once, however many of its messages it runs, and every
+    reply comes back whole."""
+    from fedvls_flwr.ops import client_worker
+
+    if not shared_memory:
+        monkeypatch.setattr(client_worker, "SHM_DIR", tmp_path / "no-such-folder")
+    sent: list[int] = []
+    put = client_worker.Bulk.put
+
+    def counting(self, blobs):
+        sent.extend(len(b) for b in blobs)
+        return put(self, blobs)
+
+    monkeypatch.setattr(client_worker.Bulk, "put", counting)
+    grid, pool = pool_grid(workers=2, nodes=6)
+    size = 1_000_000  # 4 MB of float32: the only large byte string a message carries
+    with pool:
+        pool.wait_started()
+        for _ in range(2):
+            replies = train_round(grid, size=size)
+            assert all(np.array_equal(r.content.array_records["arrays"]["w"].numpy(), np.ones(size, np.float32))
+                       for r in replies.values())
+        used = [s.bulk is not None and s.bulk.map is not None for s in pool.slots]
+    large = [n for n in sent if n >= 4 * size]
+    assert 2 <= len(large) <= 2 * 2, large  # each round: once per worker that took a message, not once per message
+    assert any(used) == shared_memory
+    assert not list(Path("/dev/shm").glob(f"fedvls-{os.getpid()}-*"))  # nothing left behind
+
+
+def test_node_state_the_client_left_alone_is_not_sent_back(monkeypatch):
+    """A large array in a node's state (FedConcat's frozen encoders) goes to the worker with each
+    message, but comes back only when the ClientApp changed it; the node keeps it either way."""
+    from fedvls_flwr.ops import client_worker
+
+    received: list[int] = []
+    take = client_worker.Bulk.take
+
+    def counting(self, layout):
+        received.extend(n for _, n in layout)
+        return take(self, layout)
+
+    monkeypatch.setattr(client_worker.Bulk, "take", counting)  # in this process: the replies' arrays
+    grid, pool = pool_grid(workers=2, nodes=2)
+    with pool:
+        pool.wait_started()
+        first = train_round(grid, do={0: "hold", 1: "hold"})
+        back_first = sum(n for n in received if n >= 4_000_000)
+        received.clear()
+        for _ in range(2):
+            train_round(grid, do={0: "hold", 1: "hold"})
+        back_later = sum(n for n in received if n >= 4_000_000)
+    assert all(not r.has_error() for r in first.values())
+    assert 2 * 4_000_000 <= back_first < 2 * 4_001_000 and back_later == 0  # (each with its npy header)
+    for context in grid.contexts.values():  # written in round 1 (count 1), kept since
+        assert context.state.array_records["big"]["x"].numpy()[0] == 1.0
+        assert int(context.state.config_records["seen"]["count"]) == 3
+
+
+def test_a_worker_that_cannot_start_is_said_at_the_first_message():
+    grid, pool = pool_grid(workers=2, app="tests.worker_apps:broken")
+    with pool:
+        with pytest.raises(ClientWorkersFailed, match="this ClientApp cannot be loaded"):
+            pool.wait_started()
+            train_round(grid)
+        assert not pool.alive
+
+
+def test_plan_and_pool_agree_on_this_machine():
+    """The machine's own plan (2 cores here) gives workers that run; sized as described."""
+    from fedvls_flwr.ops.resources import detect_machine
+
+    machine = detect_machine()
+    plan = plan_workers(machine, 1, 0, 4)
+    assert plan.workers == min(4, math.floor(machine.cores)) and plan.describe().startswith(f"{plan.workers} worker")
+
+
+def test_a_message_queued_behind_a_killed_one_never_started_and_runs_on_the_fresh_worker():
+    grid, pool = pool_grid(workers=1, nodes=4)  # one worker: it holds the next message while it runs one
+    with pool:
+        pool.wait_started()
+        replies = train_round(grid, do={0: "die"})
+    assert replies[0].has_error() and replies[0].error.code == ErrorCode.CLIENT_APP_CRASHED
+    assert all(not r.has_error() and int(r.content.metric_records["metrics"]["count"]) == 1
+               for p, r in replies.items() if p != 0)
+    assert len(pool.crashes) == 1
+
+
+def test_console_scripts_are_found_beside_python_on_path_or_in_a_target_install(tmp_path, monkeypatch):
+    """A GPU host may hold Flower in a ``pip install --target`` folder on PYTHONPATH: its scripts
+    are in that folder's bin/, not beside the interpreter."""
+    import sys
+
+    from fedvls_flwr.ops.flower_cli import console_scripts
+
+    target = tmp_path / "target"
+    (target / "fakepkg").mkdir(parents=True)
+    (target / "fakepkg" / "__init__.py").write_text("")
+    (target / "bin").mkdir()
+    (target / "bin" / "fake-script").write_text("#!/bin/sh\n")
+    monkeypatch.syspath_prepend(str(target))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert console_scripts("fake-script", "fakepkg") == target / "bin"
+    on_path = tmp_path / "on-path"
+    on_path.mkdir()
+    (on_path / "fake-script").write_text("#!/bin/sh\n")
+    (on_path / "fake-script").chmod(0o755)
+    monkeypatch.setenv("PATH", str(on_path))
+    assert console_scripts("fake-script", "fakepkg") == on_path
+    assert console_scripts(Path(sys.executable).name, "fakepkg") == Path(sys.executable).parent  # a venv first
+
+
+def test_a_sweep_caps_parallel_at_the_machines_room_and_says_each_runs_share():
+    from fedvls_flwr.experiments.preset import PresetError
+    from fedvls_flwr.experiments.sweep import machine_shares
+
+    said: list[str] = []
+    parallel, shares = machine_shares([{"client-resources-num-cpus": 1}], 8, said.append, Machine(2))
+    assert parallel == 2 and [m.cores for m in shares] == [1, 1]
+    assert "--parallel 8: this machine (2 cores, no GPU) has room for 2 run(s) at once" in said[0]
+    assert "2 run(s) at once, each with 1 core, no GPU" in said[-1] and "1 worker" in said[-1]
+    said.clear()
+    assert machine_shares([{"client-resources-num-cpus": 1}], 1, said.append, Machine(2))[0] == 1
+    assert "2 workers: 2 on the CPU" in said[-1]
+    said.clear()
+    assert machine_shares([{}], 4, said.append, Machine(16, gpus(1)), runs=3)[0] == 3  # no more shares than runs
+    said.clear()
+    gpu = [{"client-resources-num-cpus": 1, "client-resources-num-gpus": 0.25}]
+    parallel, shares = machine_shares(gpu, 2, said.append, Machine(16, gpus(1)))
+    assert parallel == 2 and "each with 8 cores, 0.5 of cuda:0" in said[-1] and "2 workers: 2 on cuda:0" in said[-1]
+    with pytest.raises(PresetError, match="this machine has no GPU.*client-resources-num-gpus out \\(or 0\\) to train on"):
+        machine_shares(gpu, 1, said.append, Machine(2))

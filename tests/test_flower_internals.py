@@ -1,0 +1,79 @@
+"""Flower's objects as the in-process engine handles them (fedvls_flwr/ops/flower_internals.py):
+the one private name it writes still does what Flower's own grids rely on, a node's copy of a
+message shares nothing mutable with the server's, and the task identity is put back. A Flower
+upgrade that removes or renames the private attribute fails here, naming it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, Metadata, MetricRecord, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+from fedvls_flwr.ops.flower_internals import PRIVATE_NAMES, own_copy, set_message_id, task_identity
+
+
+def metadata(message_id: str = "") -> Metadata:
+    return Metadata(run_id=1, message_id=message_id, src_node_id=0, dst_node_id=7, reply_to_message_id="",
+                    group_id="3", created_at=1.0, ttl=60.0, message_type="train")
+
+
+@pytest.mark.parametrize("owner, name", PRIVATE_NAMES, ids=[f"{o.__name__}.{n}" for o, n in PRIVATE_NAMES])
+def test_every_private_name_the_engine_relies_on_is_still_there(owner, name):
+    instance = metadata() if owner is Metadata else owner()
+    assert name in vars(instance), (
+        f"Flower no longer keeps {owner.__module__}.{owner.__name__}().__dict__[{name!r}]: "
+        "fedvls_flwr/ops/flower_internals.py must find this Flower version's way to do it")
+
+
+def test_a_pushed_message_gets_its_id_in_place():
+    with task_identity(task_id=1, run_id=1, node_id=0):
+        message = Message(RecordDict(), 7, "train")
+    assert message.metadata.message_id == ""  # what Flower's Message leaves to the SuperLink
+    set_message_id(message, "m-1")
+    assert message.metadata.message_id == "m-1"
+    reply = Message(RecordDict(), reply_to=message)
+    assert reply.metadata.reply_to_message_id == "m-1"  # as the server matches replies by it
+
+
+def test_a_nodes_copy_shares_nothing_mutable_with_the_servers_message():
+    weights = np.arange(6, dtype=np.float32)
+    content = RecordDict({"arrays": ArrayRecord({"w": Array(weights)}),
+                          "config": ConfigRecord({"lr": 0.1, "ids": [1, 2]}),
+                          "metrics": MetricRecord({"seen": [3, 4]})})
+    with task_identity(task_id=1, run_id=1, node_id=0):
+        message = Message(content, 7, "train", group_id="3")
+    set_message_id(message, "m-2")
+    copy = own_copy(message)
+    assert copy is not message and copy.metadata is not message.metadata
+    assert (copy.metadata.message_id, copy.metadata.dst_node_id, copy.metadata.group_id) == ("m-2", 7, "3")
+    assert copy.metadata.created_at == message.metadata.created_at and copy.metadata.ttl == message.metadata.ttl
+    copy.content["config"]["ids"].append(9)
+    copy.content["metrics"]["seen"].append(9)
+    copy.content["arrays"]["w"] = Array(np.zeros(6, dtype=np.float32))
+    copy.content["extra"] = ConfigRecord({"x": 1})
+    assert message.content["config"]["ids"] == [1, 2] and message.content["metrics"]["seen"] == [3, 4]
+    assert np.array_equal(message.content["arrays"]["w"].numpy(), weights) and "extra" not in message.content
+    assert own_copy(message).content["arrays"]["w"].data is message.content["arrays"]["w"].data  # bytes shared
+
+
+def test_the_task_identity_is_put_back_even_when_it_was_unset():
+    names = ("task_id", "run_id", "node_id")
+
+    def current():
+        out = []
+        for name in names:
+            try:
+                out.append(getattr(TaskIdentity, name))
+            except RuntimeError:
+                out.append(None)
+        return out
+
+    before = current()
+    with pytest.raises(ValueError), task_identity(task_id=5, run_id=6, node_id=7):
+        assert current() == [5, 6, 7]
+        with task_identity(task_id=8, run_id=9, node_id=10):
+            assert current() == [8, 9, 10]
+        assert current() == [5, 6, 7]
+        raise ValueError("the block fails: the identity comes back all the same")
+    assert current() == before

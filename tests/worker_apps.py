@@ -1,0 +1,70 @@
+"""Test ClientApps for the client workers' plumbing (tests/test_client_workers.py): small,
+fast and telling - what state they saw, which process ran them - importable by a worker
+process as ``tests.worker_apps:app``.
+
+A train message's ConfigRecord ``"do"`` says what to do: ``count`` (the default) adds one to
+a counter in the node's ``Context.state`` and replies the received arrays; ``raise`` changes
+the state, then raises; ``die`` kills the worker process (SIGKILL); ``hold`` keeps a 4 MB array in
+the node's state, written the first time and left alone after.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+app = ClientApp()
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    do = str(msg.content.config_records["config"].get("do", "count")) if "config" in msg.content.config_records else "count"
+    seen = int(context.state.config_records["seen"]["count"]) if "seen" in context.state.config_records else 0
+    if do == "die":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if do == "hold" and "big" not in context.state.array_records:
+        context.state["big"] = ArrayRecord({"x": Array(np.full(1_000_000, seen + 1, dtype=np.float32))})
+    context.state["seen"] = ConfigRecord({"count": seen + 1})
+    context.state["history"] = ArrayRecord({"last": Array(np.full(3, seen + 1, dtype=np.int64))})
+    if do == "raise":
+        raise ValueError(f"asked to raise at count {seen + 1}")
+    arrays = msg.content.array_records.get("arrays", ArrayRecord())
+    metrics = MetricRecord({"count": seen + 1, "pid": os.getpid(),
+                            "partition": int(context.node_config.get("partition-id", -1))})
+    return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    return Message(RecordDict({"metrics": MetricRecord({"pid": os.getpid()})}), reply_to=msg)
+
+
+def broken() -> ClientApp:
+    raise ImportError("this ClientApp cannot be loaded (a test)")
+
+
+#: A file the recording ClientApp appends "partition pid" to for every train message.
+SERVED_BY_ENV = "FEDVLS_TEST_SERVED_BY"
+
+
+def record_worker(msg: Message, context: Context, call_next) -> Message:  # noqa: ANN001 - Flower's mod signature
+    """A mod that says which process trained which node in which round (the project's replies unchanged)."""
+    if msg.metadata.message_type == "train" and (path := os.environ.get(SERVED_BY_ENV)):
+        with open(path, "a") as out:
+            out.write(f"{context.node_config.get('partition-id', -1)} {os.getpid()}\n")
+    return call_next(msg, context)
+
+
+def project_recording_workers() -> ClientApp:
+    """The project's ClientApp handlers behind :func:`record_worker` (``tests.worker_apps:project_recording_workers``)."""
+    from fedvls_flwr.app import client_app as production
+
+    recording = ClientApp(mods=[record_worker])
+    recording.train()(production.train)
+    recording.evaluate()(production.evaluate)
+    recording.query()(production.query)
+    return recording
