@@ -170,22 +170,19 @@ def engine_round(device: torch.device, images_per_batch: int, work: Path) -> dic
         import flwr  # noqa: F401
     except ImportError:
         return {"skipped": "flwr is not installed here: the in-process engine needs it"}
-    import torchvision.datasets as tvd
-
+    from bench.cifar_shim import cifar_env
     from fedvls_flwr.app.results import read_rounds
     from fedvls_flwr.data.node_data import node_client_data
     from fedvls_flwr.ops.inprocess import run_in_process
     from tests.tiny_data import write_tiny_cifar10
 
     sums = write_tiny_cifar10(work / "data", per_batch=images_per_batch, n_test=images_per_batch)
-    cifar = tvd.CIFAR10  # generated files: point the expected md5 sums at them, in this process
-    cifar.train_list = [[n, sums[n]] for n, _ in cifar.train_list]
-    cifar.test_list = [[n, sums[n]] for n, _ in cifar.test_list]
-    cifar.meta = {**cifar.meta, "md5": sums[cifar.meta["filename"]]}
+    # generated files: this process and the client workers it starts accept their md5 sums
+    os.environ.update(cifar_env(work / "shim", sums))
     settings = {"dataset": "cifar10", "model": "resnet18", "data-dir": str(work / "data"), "method": "fedavg",
                 "num-server-rounds": 3, "local-epochs": 1, "partition": "dirichlet", "dirichlet-beta": 0.5,
                 "min-nodes": 4, "device": device.type, "output-dir": str(work / "runs"), "run-name": "round"}
-    run_in_process(settings, 4, client_cpus=1)
+    run_in_process(settings, 4, client_cpus=1, workers=1)  # in turn: the round against its clients' summed training
     rounds = read_rounds(work / "runs" / "round")[1:]
     steady = statistics.median(r["seconds"] for r in rounds[1:])
     cfg = parse_run_config(settings)

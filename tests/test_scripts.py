@@ -39,3 +39,20 @@ def test_every_script_is_covered() -> None:
     """The list above is read from the folders: a new script is checked without being named."""
     names = {p.name for p in SCRIPTS}
     assert {"gpu_check.py", "gpu_step.py", "bench_engine.py", "fixed_seed_accuracies.py"} <= names
+
+
+@pytest.mark.e2e
+def test_the_gpu_step_bench_rehearses_on_the_cpu(tmp_path: Path) -> None:
+    """bench/gpu_step.py waits for a lent GPU; its CPU rehearsal runs every path of it (the
+    step, the augmentation, a round on the in-process engine with its client processes) so a
+    change elsewhere cannot break it unseen - as a workers' change once did (the workers did not
+    accept the generated CIFAR files)."""
+    import json
+    import subprocess
+
+    out = tmp_path / "gpu-step.json"
+    proc = subprocess.run([sys.executable, "bench/gpu_step.py", "--cpu", "--quick", "--models", "cnn", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(out.read_text())
+    assert results["round"]["round_s"] > 0 and results["round"]["clients_training_s"] > 0, results["round"]
