@@ -19,7 +19,7 @@ Workloads (every process fresh; the data is the real MNIST test split, ``--data-
   the in-process engine's server side on one thread (``OMP_NUM_THREADS=1``: the same work), Ray's
   ServerApp on torch's default threads. Then both in-process variants again with their server
   side on torch's default threads, as a user runs them and as Ray's ServerApp runs: the
-  issue-43 targets are the workers' round at most 0.6x the one-worker round and no slower than
+  the targets are the workers' round at most 0.6x the one-worker round and no slower than
   ``flwr run``'s, every history equal.
 * ``fedconcat``: FedConcat (K = 2) on the same data, 2 encoder rounds and ``--head-rounds``
   head rounds: the steady seconds per head round (median over the head rounds after the
@@ -148,7 +148,7 @@ def with_flwr(config: dict[str, Any], clients: int, steady_from: int, out: Path)
 def engines(config: dict[str, Any], clients: int, steady_from: int, work: Path, plain_config: dict[str, Any],
             default_threads: int = 0) -> dict:
     """Every engine on ``config``; ``default_threads`` > 0: also both in-process variants that
-    many times each with the server's side on torch's default threads (the issue-43 comparison,
+    many times each with the server's side on torch's default threads (the client workers' comparison,
     as a user runs it; the median of their steady rounds)."""
     out = {"plain": plain(plain_config, clients, steady_from),
            "flwr": with_flwr(config, clients, steady_from, work / "flwr"),
@@ -218,11 +218,11 @@ def markdown(results: dict[str, Any], rounds: int, head_rounds: int) -> str:
             lines.append(f"| {key}: the whole command, wall | {p:.1f} s | {r['flwr']['wall']:.1f} s | "
                          f"{r['inprocess']['wall']:.1f} s | {r['workers']['wall']:.1f} s | {r['flwr']['wall'] / p:.2f}x | "
                          f"{r['inprocess']['wall'] / p:.2f}x | {r['workers']['wall'] / p:.2f}x | | | |")
-    if "fedavg" in results and "workers default" in results["fedavg"]:  # issue 43
+    if "fedavg" in results and "workers default" in results["fedavg"]:  # the client workers against one worker and Ray
         r = results["fedavg"]
         f, i, w = (r[e]["steady"] for e in ("flwr", "inprocess default", "workers default"))
         reps = len(r["workers default"]["runs"])
-        lines += ["", "A round's clients at once (issue 43): the steady FedAvg round above with every engine's server "
+        lines += ["", "A round's clients at once: the steady FedAvg round above with every engine's server "
                   "side on torch's default threads, as a user runs it (`fedvls run`, `fedvls run --workers 1`, "
                   "`flwr run .` with the same `--federation-config \"num-supernodes=10 client-resources-num-cpus=1\"`); "
                   f"the in-process engine's figures are medians of {reps} runs each, taken in turn; the workers: "
@@ -278,7 +278,7 @@ def main() -> int:
     ap.add_argument("--only", action="append", choices=("fedavg", "fedconcat", "sweep"), default=[])
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--head-rounds", type=int, default=30)
-    ap.add_argument("--reps", type=int, default=3, help="runs of each in-process variant in the issue-43 comparison")
+    ap.add_argument("--reps", type=int, default=3, help="runs of each in-process variant in the client workers' comparison")
     ap.add_argument("--data-dir", type=Path, default=DATA_DIR)
     ap.add_argument("--write", type=Path, metavar="PAGE", help="put the tables between PAGE's markers")
     ap.add_argument("--json", type=Path, help="every raw figure")

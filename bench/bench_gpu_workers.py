@@ -135,7 +135,7 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="keep the generated data and run folders")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a run-config setting for every run, e.g. cuda-graphs=false (the client step op by op, "
-                         "as before issue 44); repeatable")
+                         "without CUDA graphs); repeatable")
     args = ap.parse_args()
     from fedvls_flwr.config.args import parse_run_config_args
 

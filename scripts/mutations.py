@@ -346,7 +346,7 @@ MUTATIONS: list[Mutation] = [
              "not by the machine each reply names", "fedvls_flwr/app/server.py",
              '"nodes": count_by(report.clients, "ran_on"),', '"nodes": count_by(report.clients, "node"),',
              ("tests/test_round_machines.py",)),
-    # ---- issue 45: bugs the independent reference (tests/test_differential.py) and the steered
+    # ---- bugs the independent reference (tests/test_differential.py) and the steered
     # property tests feel, each in code the old differential test shared with the app or never reached
     Mutation("fedntd-tau-not-squared", "objectives", "FedNTD's distillation is weighted beta * tau, not "
              "beta * tau^2 (the same at the default tau = 1)", "fedvls_flwr/algorithms/objectives/baselines.py",
