@@ -2,9 +2,11 @@
 Flower or Ray running."""
 
 import socket
+import subprocess
 import sys
 import types
 from contextlib import closing
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -125,3 +127,57 @@ def test_fedvls_check_names_a_conflicting_setting_and_an_unreachable_ray_address
     err = capsys.readouterr().err
     assert "error: federation setting 'init-args-num-cpus' = 2 conflicts with RAY_ADDRESS" in err
     assert f"nothing answers at 127.0.0.1:{port}" in err and "unset RAY_ADDRESS" in err
+
+
+#: Flower's simulation runtime importing Ray in one thread (held inside ``ray/__init__`` for half a
+#: second, as a loaded machine does) while the ServerApp asks the cluster for its nodes in another.
+CONCURRENT_IMPORT = r"""
+import importlib.machinery, os, sys, threading, time
+from fedvls_flwr.app.ray_address import cluster_nodes
+
+paused = threading.Event()
+
+class HoldFlowerInsideRayInit:
+    def find_spec(self, name, path=None, target=None):
+        if name != "ray._version" or threading.current_thread().name != "flower":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        loader = spec.loader
+
+        class Held:
+            def create_module(self, spec):
+                return loader.create_module(spec)
+
+            def exec_module(self, module):
+                paused.set()
+                time.sleep(0.5)
+                loader.exec_module(module)
+
+        spec.loader = Held()
+        return spec
+
+sys.meta_path.insert(0, HoldFlowerInsideRayInit())
+failures = []
+
+def flower_runtime():
+    try:
+        import ray
+        ray.ObjectRef
+    except BaseException as err:
+        failures.append(repr(err))
+
+flower = threading.Thread(target=flower_runtime, name="flower")
+flower.start()
+paused.wait(10)
+threading.Thread(target=cluster_nodes, args=("127.0.0.1:%d",), daemon=True).start()
+flower.join(60)
+print("FAILED " + failures[0] if failures else "imported", flush=True)
+os._exit(0)  # the asking thread may still wait for a cluster that is not there
+"""
+
+
+def test_asking_a_cluster_for_its_nodes_while_flower_imports_ray_breaks_neither_import():
+    pytest.importorskip("ray")
+    done = subprocess.run([sys.executable, "-c", CONCURRENT_IMPORT % free_port()], capture_output=True,
+                          text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert done.stdout.strip().splitlines()[-1:] == ["imported"], done.stdout[-2000:] + done.stderr[-2000:]

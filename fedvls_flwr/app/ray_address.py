@@ -94,6 +94,13 @@ def cluster_nodes(address: str, timeout: float = 5.0) -> list[NodeRoom] | None:
     (what ``ray status`` reads; no driver joins the cluster, about 0.3 s); None when it cannot be
     asked (Ray not installed, nothing answers)."""
     try:
+        # The package first, then its extension: in a simulation Flower's runtime imports Ray in
+        # another thread while the ServerApp asks here. Importing ``ray._raylet`` alone would load
+        # the extension beside a half-run ``ray/__init__``; the two threads then wait on each
+        # other's import locks, and Python breaks that deadlock by handing Flower's thread a
+        # half-initialised ``ray._raylet`` ("cannot import name 'ObjectID' ... partially
+        # initialized module"): the simulation dies. ``import ray`` waits for the package instead.
+        import ray  # noqa: F401
         from ray._raylet import GcsClient  # type: ignore[attr-defined]  # Ray's own client of the cluster's metadata service
 
         info = GcsClient(address=address.split("://", 1)[-1]).get_all_node_info(timeout=timeout)
