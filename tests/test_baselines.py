@@ -228,3 +228,38 @@ def test_client_state_round_trips_through_a_flower_record():
     state.keep("method", {})  # a part that keeps nothing now: its record goes
     save_client_state(record, state)
     assert list(load_client_state(record).kept) == ["local-optimizer"]
+
+
+def test_a_kind_kept_as_it_came_keeps_its_record_and_a_change_in_place_is_saved():
+    """A part that keeps the values its node's state gave it (FedConcat's frozen encoders) leaves
+    their record as it is - not encoded again every round; a part that changed them in place, or
+    replaced them, has them written anew, and the next round reads what it kept."""
+    from flwr.app import RecordDict
+
+    from fedvls_flwr.app import keys
+    from fedvls_flwr.app.client import load_client_state, save_client_state
+
+    record = RecordDict()
+    save_client_state(record, ClientState({"protocol": {"enc": torch.arange(6.0).reshape(2, 3), "d": torch.ones(2)},
+                                           "method": {"c": torch.zeros(3)}}))
+    before = {kind: record[keys.CLIENT_STATE + kind] for kind in ("protocol", "method")}
+
+    state = load_client_state(record)
+    state.keep("protocol", {k: v.detach().cpu() for k, v in state.of("protocol").items()})  # as it came
+    state.of("method")["c"].add_(1.0)  # changed in place
+    save_client_state(record, state)
+    assert record[keys.CLIENT_STATE + "protocol"] is before["protocol"]
+    assert record[keys.CLIENT_STATE + "method"] is not before["method"]
+    again = load_client_state(record)
+    assert torch.equal(again.of("method")["c"], torch.ones(3))
+    assert torch.equal(again.of("protocol")["enc"], torch.arange(6.0).reshape(2, 3))
+
+    # a tensor read before and changed in place after its round was saved: the next read is the record's
+    again.of("protocol")["enc"].mul_(0.0)
+    assert torch.equal(load_client_state(record).of("protocol")["enc"], torch.arange(6.0).reshape(2, 3))
+    # replaced by equal values in new tensors: written anew, and still equal
+    state = load_client_state(record)
+    state.keep("protocol", {k: v.clone() for k, v in state.of("protocol").items()})
+    save_client_state(record, state)
+    assert record[keys.CLIENT_STATE + "protocol"] is not before["protocol"]
+    assert torch.equal(load_client_state(record).of("protocol")["d"], torch.ones(2))

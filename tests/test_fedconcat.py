@@ -471,3 +471,38 @@ def test_tables_tell_the_cluster_counts_apart():
     assert combination_label({"method": "fedavg", "protocol": "fedconcat"}) == "FedConcat K=2"
     assert combination_label({"method": "fedvls", "protocol": "fedconcat"}) == "FedVLS + FedConcat K=2"
     assert combination_label({"method": "fedavg", "fedconcat-clusters": 4}) == "FedAvg"  # read by FedConcat only
+
+
+def test_the_encoder_digest_tells_equal_encoders_from_different_ones_and_the_kept_model_follows_it():
+    """A node keeps its encoders' digest beside them; the process's concatenated model is reused
+    for the same digest (no tensor comparison) and rebuilt for encoders that differ in one bit."""
+    from fedvls_flwr.algorithms.fedconcat import _BuiltConcat, encoder_digest
+
+    torch.manual_seed(0)
+    shape = (1, 8, 8)
+    model = build_model("mlp", shape, 10)
+    encoders = {k: {n: v.detach().clone() for n, v in model.state_dict().items()} for k in range(2)}
+    flat = {f"encoder{k}/{n}": v for k, e in encoders.items() for n, v in e.items()}
+    same = {k: v.clone() for k, v in flat.items()}
+    flipped = {k: v.clone() for k, v in flat.items()}
+    first = next(iter(flipped))
+    flipped[first].view(-1)[0] = torch.nextafter(flipped[first].view(-1)[0], torch.tensor(1e9))
+    assert encoder_digest(flat) == encoder_digest(same)
+    assert encoder_digest(flat) != encoder_digest(flipped)
+    assert encoder_digest(flat) != encoder_digest({k.replace("encoder0", "encoder9"): v for k, v in flat.items()})
+
+    width = classifier_of(model).in_features * 2
+    head = {"weight": torch.zeros(10, width), "bias": torch.zeros(10)}
+    built = _BuiltConcat()
+    a = built.get(lambda: model, encoders, head, None, digest=encoder_digest(flat))
+    b = built.get(lambda: model, encoders, {"weight": torch.ones(10, width), "bias": torch.zeros(10)}, None,
+                  digest=encoder_digest(same))
+    assert b is a and torch.equal(b.head.weight, torch.ones(10, width))  # reused, the new head loaded
+    other = {0: encoders[0], 1: {n: v + 1 for n, v in encoders[1].items()}}
+    c = built.get(lambda: model, other, head, None, digest=encoder_digest(
+        {f"encoder{k}/{n}": v for k, e in other.items() for n, v in e.items()}))
+    assert c is not a and torch.equal(c.encoders[1].state_dict()[next(iter(encoders[1]))],
+                                      next(iter(encoders[1].values())) + 1)
+    # no digest (the server's evaluation): compared tensor for tensor
+    assert built.get(lambda: model, other, head, None) is c
+    assert built.get(lambda: model, encoders, head, None) is not c

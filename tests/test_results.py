@@ -37,3 +37,25 @@ def test_json_has_no_nan_and_summary_picks_best_and_final(tmp_path):
     assert json.loads((tmp_path / "rounds.jsonl").read_text().splitlines()[1])["per_class_accuracy"][0] is None
     s = summarize(writer.rounds)
     assert (s["best_accuracy"], s["best_round"], s["final_accuracy"], s["final_round"]) == (0.9, 2, 0.8, 3)
+
+
+def test_arrays_given_as_npy_bytes_are_stored_as_they_are_and_read_back_as_np_savez_would(tmp_path):
+    """The checkpoint takes a Flower Array's .npy payload without decoding it: the file reads back
+    (np.load) the same arrays as one np.savez writes from the values."""
+    import numpy as np
+    from flwr.app import Array, ArrayRecord
+
+    from fedvls_flwr.app.messages import npy_payloads
+    from fedvls_flwr.app.results import save_arrays
+
+    values = {"w": np.arange(12, dtype=np.float32).reshape(3, 4), "step": np.asarray(7, dtype=np.int64),
+              "mask": np.array([True, False]), "half": np.ones((2, 2), dtype=np.float16), "empty": np.zeros((0, 3))}
+    payloads = npy_payloads(ArrayRecord({k: Array(v) for k, v in values.items()}))
+    assert all(isinstance(p, bytes) for p in payloads.values())
+    save_arrays(tmp_path / "a.npz", {**payloads, "round": np.asarray(3)})
+    np.savez(tmp_path / "b.npz", **values, round=np.asarray(3))
+    got, want = load_arrays(tmp_path / "a.npz"), load_arrays(tmp_path / "b.npz")
+    assert list(got) == list(want)
+    for key in want:
+        assert got[key].dtype == want[key].dtype and got[key].shape == want[key].shape
+        np.testing.assert_array_equal(got[key], want[key])

@@ -71,6 +71,7 @@ ENCODER_ROUNDS = "encoder-rounds"  # the protocol's own state (the checkpoint's 
 HEAD_WEIGHT, HEAD_BIAS = "head/weight", "head/bias"
 STAGE = "fedconcat-stage"  # message config: 1 or 2
 CLUSTER = "fedconcat-cluster"  # message config (stage 1): the node's cluster
+DIGEST = "encoder-digest"  # the client state's: encoder_digest of the encoders kept beside it
 
 
 def encoder_rounds(num_rounds: int, setting: int) -> int:
@@ -178,22 +179,48 @@ class _BuiltConcat:
 
     Within a run every node receives the same frozen encoders, and a process that serves several
     nodes (a Ray actor, the in-process engine) would otherwise rebuild the same K encoders for
-    every message. A new request reuses the model when its encoders are equal to the kept ones,
-    tensor for tensor (compared exactly), and loads only the head; anything else rebuilds."""
+    every message. A new request reuses the model when its encoders are equal to the kept ones and
+    loads only the head; anything else rebuilds. Equal means: the same :func:`encoder_digest`
+    when both sides have one (a client's node keeps the digest of its encoders beside them), else
+    tensor for tensor, compared exactly (the server's evaluation)."""
 
     def __init__(self) -> None:
         self.encoders: dict[int, dict[str, torch.Tensor]] | None = None
+        self.digest: bytes | None = None
         self.model: ConcatModel | None = None
 
     def get(self, model_factory: Any, encoders: Mapping[int, Mapping[str, torch.Tensor]],
-            head: Mapping[str, torch.Tensor], device: torch.device | None) -> ConcatModel:
-        if self.model is not None and self.encoders is not None and _same_encoders(self.encoders, encoders) \
+            head: Mapping[str, torch.Tensor], device: torch.device | None, digest: bytes | None = None) -> ConcatModel:
+        if self.model is not None and self.encoders is not None \
                 and tuple(self.model.head.weight.shape) == tuple(head["weight"].shape):
-            self.model.head.load_state_dict(dict(head))
-            return self.model if device is None else self.model.to(device)
+            if digest is not None and self.digest is not None:
+                same = digest == self.digest
+            else:
+                same = _same_encoders(self.encoders, encoders)
+                if same and digest is not None:
+                    self.digest = digest  # checked tensor for tensor: its digest is this model's
+            if same:
+                self.model.head.load_state_dict(dict(head))
+                moved = device is None or self.model.head.weight.device == torch.device(device)
+                return self.model if moved else self.model.to(device)
         self.model = _concat_model(model_factory(), encoders, head, device)
         self.encoders = {k: {name: t.detach().clone() for name, t in e.items()} for k, e in encoders.items()}
+        self.digest = digest
         return self.model
+
+
+def encoder_digest(encoders: Mapping[str, torch.Tensor]) -> bytes:
+    """A fingerprint of the frozen encoders (names, dtypes, shapes and bits, BLAKE2b): two sets
+    with the same digest are equal, and comparing digests costs nothing beside comparing the
+    tensors of K whole models for every message of a head round."""
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=32)
+    for name in sorted(encoders):
+        t = encoders[name].detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.digest()
 
 
 def _same_encoders(a: Mapping[int, Mapping[str, torch.Tensor]], b: Mapping[int, Mapping[str, torch.Tensor]]) -> bool:
@@ -243,6 +270,8 @@ class FedConcat(RoundProtocol):
         self.source = "setting" if self.assignment_setting else "k-means"
         self.site_distributions: dict[int, list[float]] = {}
         self.kept_encoders: StateDict = {}  # a client's: the frozen encoders its node holds
+        self.kept_digest: bytes | None = None  # ... and their encoder_digest
+        self.kept_state: StateDict = {}  # both, as the node's state holds them
 
     def stage(self, server_round: int) -> int:
         return 1 if server_round <= self.encoder_rounds else 2
@@ -387,12 +416,16 @@ class FedConcat(RoundProtocol):
 
     # ---- client -------------------------------------------------------------------
     def load_client_state(self, state: StateDict) -> None:
-        """The frozen encoders this node kept (none before they first came)."""
-        self.kept_encoders = dict(state)
+        """The frozen encoders this node kept (none before they first came), and their digest."""
+        self.kept_state = dict(state)
+        self.kept_encoders = {k: v for k, v in state.items() if k != DIGEST}
+        self.kept_digest = bytes(state[DIGEST].numpy().tobytes()) if DIGEST in state else None
 
     def client_state(self) -> StateDict:
-        """The frozen encoders, kept for the node's next head rounds."""
-        return {k: v.detach().cpu() for k, v in self.kept_encoders.items()}
+        """The frozen encoders with their digest, kept for the node's next head rounds: the very
+        tensors that came from the node's state when nothing new came (so they are not encoded
+        again)."""
+        return {k: v.detach().cpu() for k, v in self.kept_state.items()}
 
     def client_train(self, step: ClientRound) -> ClientOutcome:
         """Stage 1: the ordinary local training of the cluster's model. Stage 2: the head, over
@@ -403,6 +436,9 @@ class FedConcat(RoundProtocol):
         received: dict[str, torch.Tensor] = {k: v for k, v in arrays.items() if k.startswith("encoder")}
         if received:
             self.kept_encoders = received
+            self.kept_digest = encoder_digest(received)
+            digest = torch.frombuffer(bytearray(self.kept_digest), dtype=torch.uint8)
+            self.kept_state = {**received, DIGEST: digest}
         else:
             received = self.kept_encoders
             if not received:
@@ -413,7 +449,7 @@ class FedConcat(RoundProtocol):
         encoders = {k: _unprefixed(f"encoder{k}/", received) for k in clusters}
         head = {"weight": arrays[HEAD_WEIGHT], "bias": arrays[HEAD_BIAS]}
         device, cfg, data = step.device, step.cfg, step.data
-        model = _BUILT.get(step.model_factory, encoders, head, device)
+        model = _BUILT.get(step.model_factory, encoders, head, device, digest=self.kept_digest)
         model.train()
         x, y = data.x, data.y
         n = int(x.shape[0])

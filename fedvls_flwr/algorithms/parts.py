@@ -140,6 +140,9 @@ class ClientState:
     round (and in a resumed run, which is a new Flower run whose nodes start empty)."""
 
     kept: dict[str, StateDict] = field(default_factory=dict)
+    #: what the node's state held when the round began, each tensor with its version then (a part
+    #: that keeps its values as they came - not changed in place, not replaced - is not encoded again)
+    loaded: dict[str, dict[str, tuple[torch.Tensor, int]]] = field(default_factory=dict, repr=False)
 
     def of(self, kind: str) -> StateDict:
         """What the part of ``kind`` kept in this node's last round (empty: nothing)."""

@@ -6,12 +6,13 @@ import contextlib
 import socket
 import sys
 import time
-from collections.abc import Iterator
+import weakref
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from fedvls_flwr.algorithms.device import describe_device, peak_gpu_memory, set_deterministic, use_amp
 from fedvls_flwr.algorithms.downlink import Received
@@ -43,6 +44,28 @@ def torch_state_dict(record: ArrayRecord) -> dict[str, torch.Tensor]:
     return {key: torch.from_numpy(array_values(arr)) for key, arr in record.items()}
 
 
+#: The tensors this process read from node states, by the ``Array`` they came from: (a weak
+#: reference to that Array, the tensor, the tensor's version then). A node's kept record that did
+#: not change between its rounds holds the same Arrays, and reading them again would copy them.
+_READ: dict[int, tuple[weakref.ref, torch.Tensor, int]] = {}
+
+
+def _read_state_array(arr: Array) -> torch.Tensor:
+    """``arr``'s values as a tensor: the one read before when ``arr`` is the same Array and the
+    tensor was not changed in place since, else a new one (its own copy)."""
+    hit = _READ.get(id(arr))
+    if hit is not None and hit[0]() is arr and hit[1]._version == hit[2]:
+        return hit[1]
+    tensor = torch.from_numpy(array_values(arr))
+    key = id(arr)
+
+    def forget(_gone: weakref.ref) -> None:
+        _READ.pop(key, None)
+
+    _READ[key] = (weakref.ref(arr, forget), tensor, tensor._version)
+    return tensor
+
+
 def load_client_state(record: RecordDict | None) -> ClientState:
     """What this node's parts kept in its previous rounds (empty the first time, or without a
     record): one ArrayRecord per kind of part in the node's ``Context.state``."""
@@ -51,18 +74,41 @@ def load_client_state(record: RecordDict | None) -> ClientState:
         return state
     for name in record.array_records:
         if name.startswith(keys.CLIENT_STATE):
-            state.keep(name[len(keys.CLIENT_STATE):], torch_state_dict(arrays_in(record, name)))
+            kind = name[len(keys.CLIENT_STATE):]
+            values = {key: _read_state_array(arr) for key, arr in arrays_in(record, name).items()}
+            state.keep(kind, values)
+            state.loaded[kind] = {key: (t, t._version) for key, t in values.items()}
     return state
 
 
 def save_client_state(record: RecordDict, state: ClientState) -> None:
     """``state`` into the node's ``Context.state``, in place of what it held: a kind whose part
-    keeps nothing now has its record removed."""
+    keeps nothing now has its record removed, and a kind whose part kept the values it was given
+    (the same tensors, not changed in place) keeps its record as it is - FedConcat's frozen
+    encoders, which cost more to encode again than a head round's training."""
     for name in [n for n in record.array_records if n.startswith(keys.CLIENT_STATE)]:
         if name[len(keys.CLIENT_STATE):] not in state.kept:
             del record[name]
     for kind, kept in state.kept.items():
-        record[keys.CLIENT_STATE + kind] = ArrayRecord({k: v.detach().cpu() for k, v in kept.items()})
+        name = keys.CLIENT_STATE + kind
+        if name in record.array_records and _as_loaded(kept, state.loaded.get(kind)):
+            continue
+        record[name] = ArrayRecord({k: v.detach().cpu() for k, v in kept.items()})
+
+
+def _as_loaded(kept: Mapping[str, torch.Tensor], loaded: Mapping[str, tuple[torch.Tensor, int]] | None) -> bool:
+    """Whether ``kept`` is what was ``loaded``: the same names, each tensor the loaded one (or a
+    view of all of it: ``detach()``) and not changed in place since (its version counter, which
+    views share, is where it was)."""
+    if loaded is None or list(kept) != list(loaded):
+        return False
+    for key, tensor in kept.items():
+        before, version = loaded[key]
+        if tensor.device.type != "cpu" or tensor.dtype != before.dtype or tensor.shape != before.shape \
+                or tensor.stride() != before.stride() or tensor.data_ptr() != before.data_ptr() \
+                or tensor._version != version:
+            return False
+    return True
 
 
 def received_downlink(content: RecordDict, device: torch.device) -> Received:

@@ -66,11 +66,10 @@ _DESCR = re.compile(rb"'descr':\s*'([^']+)'")
 _SHAPE = re.compile(rb"'shape':\s*\(([^)]*)\)")
 
 
-def array_values(arr: Array) -> np.ndarray:
-    """An ``Array``'s values, equal to ``Array.numpy()`` (a writable copy), read from its npy
-    bytes with one copy and no ``np.load``: numpy's header parser costs about a third of a
-    millisecond per array, and a round reads every array of every reply. Anything but a
-    C-ordered npy payload goes through ``Array.numpy()``."""
+def array_view(arr: Array) -> np.ndarray | None:
+    """A read-only view of an ``Array``'s values over its npy bytes (no copy, no ``np.load``:
+    numpy's header parser costs about a third of a millisecond per array, and a round reads every
+    array of every reply); None for anything but a C-ordered npy payload."""
     data = arr.data
     if arr.stype == "numpy.ndarray" and data[:6] == _NPY_MAGIC and data[6] in (1, 2, 3):
         size = 2 if data[6] == 1 else 4
@@ -83,8 +82,22 @@ def array_values(arr: Array) -> np.ndarray:
             dims = tuple(int(d) for d in shape.group(1).decode().replace(" ", "").split(",") if d)
             count = int(np.prod(dims, dtype=np.int64))
             if not dtype.hasobject and len(data) - end == count * dtype.itemsize:
-                return np.frombuffer(data, dtype=dtype, count=count, offset=end).reshape(dims).copy()
-    return arr.numpy()
+                return np.frombuffer(data, dtype=dtype, count=count, offset=end).reshape(dims)
+    return None
+
+
+def array_values(arr: Array) -> np.ndarray:
+    """An ``Array``'s values, equal to ``Array.numpy()`` (a writable copy), read with
+    :func:`array_view` and one copy where it can be."""
+    view = array_view(arr)
+    return arr.numpy() if view is None else view.copy()
+
+
+def npy_payloads(record: ArrayRecord) -> dict[str, np.ndarray | bytes]:
+    """``record``'s arrays for a file (:func:`fedvls_flwr.app.results.save_arrays`): each as
+    the ``.npy`` bytes it already is where it is one, else its values."""
+    return {key: arr.data if array_view(arr) is not None and isinstance(arr.data, bytes) else array_values(arr)
+            for key, arr in record.items()}
 
 
 def to_numpy_dict(record: ArrayRecord) -> dict[str, np.ndarray]:

@@ -25,6 +25,7 @@ import tempfile
 import time
 import zipfile
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -105,13 +106,21 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, (json.dumps(_jsonable(obj), indent=2) + "\n").encode())
 
 
-def save_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """The global model as an .npz of its state_dict arrays (loadable without Flower)."""
+def save_arrays(path: Path, arrays: Mapping[str, np.ndarray | bytes]) -> None:
+    """The global model as an .npz of its state_dict arrays (loadable without Flower): what
+    ``np.savez`` writes. A value may be given already encoded, as the bytes of an ``.npy`` file
+    (a Flower ``Array``'s payload): it is stored as it is, not decoded and encoded again (a
+    checkpoint a round, holding FedConcat's K frozen encoders)."""
     import io
 
     buffer = io.BytesIO()
-    contents: dict[str, Any] = dict(arrays)
-    np.savez(buffer, **contents)
+    with zipfile.ZipFile(buffer, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for key, value in arrays.items():
+            with archive.open(f"{key}.npy", "w", force_zip64=True) as entry:
+                if isinstance(value, bytes):
+                    entry.write(value)
+                else:
+                    np.lib.format.write_array(entry, np.asanyarray(value), allow_pickle=False)
     atomic_write_bytes(path, buffer.getvalue())
 
 
@@ -120,7 +129,7 @@ def load_arrays(path: Path) -> dict[str, np.ndarray]:
         return {key: data[key] for key in data.files}
 
 
-def save_checkpoint(path: Path, arrays: dict[str, np.ndarray], server_round: int) -> None:
+def save_checkpoint(path: Path, arrays: Mapping[str, np.ndarray | bytes], server_round: int) -> None:
     """The global model after ``server_round``, with the round recorded inside the file."""
     save_arrays(path, {**arrays, CHECKPOINT_ROUND_KEY: np.asarray(server_round, dtype=np.int64)})
 
@@ -177,10 +186,10 @@ class RunWriter:
         clients = [{"partition_id": pid, "class_counts": class_counts[pid]} for pid in sorted(class_counts)]
         atomic_write_json(self.run_dir / CLIENTS_FILE, {"num_classes": num_classes, "clients": clients})
 
-    def save_model(self, arrays: dict[str, np.ndarray]) -> None:
+    def save_model(self, arrays: Mapping[str, np.ndarray | bytes]) -> None:
         save_arrays(self.run_dir / MODEL_FILE, arrays)
 
-    def save_checkpoint(self, arrays: dict[str, np.ndarray], server_round: int | None = None) -> None:
+    def save_checkpoint(self, arrays: Mapping[str, np.ndarray | bytes], server_round: int | None = None) -> None:
         if server_round is None:
             save_arrays(self.run_dir / CHECKPOINT_FILE, arrays)
         else:

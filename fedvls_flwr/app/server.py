@@ -31,7 +31,7 @@ from fedvls_flwr.algorithms.diagnostics import local_update_view
 from fedvls_flwr.algorithms.run_model import build_run_model
 from fedvls_flwr.algorithms.training import evaluate, resolve_device
 from fedvls_flwr.app.events import ROUND_END, emit
-from fedvls_flwr.app.messages import is_simulation, runs_on_ray, to_array_record, to_numpy_dict
+from fedvls_flwr.app.messages import is_simulation, npy_payloads, runs_on_ray, to_array_record
 from fedvls_flwr.app.ray_address import (
     check_ray_address,
     ray_address,
@@ -288,7 +288,7 @@ class ServerRun:
                 self.clients.update(new)
                 self.writer.write_clients(self.num_classes, self.clients)
             self._append_round(record)
-            self.writer.save_checkpoint({**to_numpy_dict(arrays), **server_state}, server_round)
+            self.writer.save_checkpoint({**npy_payloads(arrays), **server_state}, server_round)
             atomic_write_json(self.run_dir / STATE_FILE, {"round": server_round})
         self.saved_round = server_round
 
@@ -351,7 +351,7 @@ class ServerRun:
                 self.grid, initial, on_round_end=self.on_round_end, start_round=self.start_round + 1
             )
             with self.results_written():
-                self.writer.save_model(to_numpy_dict(final))
+                self.writer.save_model(npy_payloads(final))
                 summary = self.summary(self.writer.rounds, status="completed", resumed_after_round=self.start_round)
                 self.writer.write_summary(summary)
         except Exception as err:
