@@ -113,6 +113,7 @@ class ConcatModel(nn.Module):
         self.head = head
         for encoder in self.encoders:
             encoder.requires_grad_(False)
+        self.encoders.eval()
         self._taps = [FeatureTap(e) for e in self.encoders]
         # features kept per input: key -> (a weak reference to the input, its version, the features)
         self._kept: dict[tuple[Any, ...], tuple[weakref.ref, int, torch.Tensor]] = {}
@@ -157,8 +158,11 @@ class ConcatModel(nn.Module):
         return self.head(features)
 
     def train(self, mode: bool = True) -> ConcatModel:
-        super().train(mode)
-        self.encoders.eval()  # frozen: BatchNorm keeps its aggregated statistics
+        """The head's mode only: the frozen encoders stay in eval mode (BatchNorm keeps its
+        aggregated statistics), set once when built - walking K whole models to set it again
+        cost a tenth of a head round's client."""
+        self.training = mode
+        self.head.train(mode)
         return self
 
     @torch.no_grad()
