@@ -50,23 +50,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.budget import Budget  # noqa: E402
 from bench.cifar_shim import cifar_env  # noqa: E402
 from fedvls_flwr.app.results import read_rounds  # noqa: E402
 from tests.tiny_data import write_tiny_cifar10  # noqa: E402
-
-
-class Budget:
-    """Seconds left of ``--budget``: a step starts only with time for it."""
-
-    def __init__(self, seconds: float) -> None:
-        self.end = time.monotonic() + seconds
-
-    def allows(self, step: str, needs: float) -> bool:
-        left = self.end - time.monotonic()
-        if left >= needs:
-            return True
-        print(json.dumps({"skipped": step, "seconds_left": round(left), "needs": needs}), flush=True)
-        return False
 
 
 def summarize(name: str, run_dir: Path, images: int, want_cuda: bool, extra: dict[str, Any] | None = None) -> dict:

@@ -35,11 +35,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.budget import Budget  # noqa: E402
 from bench.cifar_shim import cifar_env  # noqa: E402
 from fedvls_flwr.app.results import read_rounds  # noqa: E402
 from fedvls_flwr.ops.flower_cli import flower_env  # noqa: E402
@@ -100,20 +100,6 @@ def deployment_round(run_config: dict, work: Path, timeout: float, want_cuda: bo
                 "log": (proc.stdout + proc.stderr)[-2000:]}
     return summarize_rounds("deployment, 2 SuperNodes, cnn / fmnist-format, fedvls", "finished:completed",
                             read_rounds(run_dir)[1:], want_cuda)
-
-
-class Budget:
-    """Seconds left of ``--budget``: a step starts only with time for it."""
-
-    def __init__(self, seconds: float) -> None:
-        self.end = time.monotonic() + seconds
-
-    def allows(self, step: str, needs: float) -> bool:
-        left = self.end - time.monotonic()
-        if left >= needs:
-            return True
-        print(json.dumps({"skipped": step, "seconds_left": round(left), "needs": needs}), flush=True)
-        return False
 
 
 def main() -> int:
