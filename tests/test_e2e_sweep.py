@@ -228,28 +228,22 @@ def interruptible() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def test_ctrl_c_stops_a_sweep_with_one_line_saying_what_is_kept(tmp_path):
-    """Ctrl-C as a terminal sends it (SIGINT to the whole foreground process group: the sweep and
-    its worker) in the middle of the first run: no traceback, exit 130, one line that says what is
-    kept and the command that continues; the worker is gone, and the run it stopped resumes from
-    the rounds it saved when the sweep is run again."""
+def ctrl_c_after_a_saved_round(command: list[str], cwd: Path, state: Path) -> tuple[int, str, str, set[int]]:
+    """Start ``command`` as its own process group, wait until ``state`` (a run's state.json)
+    exists, then send SIGINT to the whole group as a terminal's Ctrl-C does: (exit code,
+    stdout, stderr, every process of the group seen meanwhile)."""
     import os
-    import shlex
     import signal
 
-    out = (tmp_path / "out").resolve()
-    saved = out / FIRST / "state.json"
-    preset = write_preset(tmp_path, rounds=ROUNDS_TO_INTERRUPT)
-    proc = subprocess.Popen([sys.executable, "-m", "fedvls_flwr", "sweep", str(preset), "-o", str(out)],
-                            cwd=PROJECT_DIR, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    proc = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, preexec_fn=interruptible)
     seen: set[int] = set()
     try:
         deadline = time.monotonic() + RUN_TIMEOUT
-        while not saved.exists():
+        while not state.exists():
             seen.update(descendants(proc.pid))
             if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"the first run never saved a round:\n{proc.communicate()[1][-3000:]}")
+                pytest.fail(f"no round was saved:\n{proc.communicate()[1][-3000:]}")
             time.sleep(0.05)
         seen.update(descendants(proc.pid))
         os.killpg(proc.pid, signal.SIGINT)
@@ -257,7 +251,22 @@ def test_ctrl_c_stops_a_sweep_with_one_line_saying_what_is_kept(tmp_path):
     finally:
         if proc.poll() is None:
             stop_process(proc)
-    assert proc.returncode == 130, stderr[-3000:]
+    return proc.returncode, stdout, stderr, seen
+
+
+def test_ctrl_c_stops_a_sweep_with_one_line_saying_what_is_kept(tmp_path):
+    """Ctrl-C as a terminal sends it (SIGINT to the whole foreground process group: the sweep and
+    its worker) in the middle of the first run: no traceback, exit 130, one line that says what is
+    kept and the command that continues; the worker is gone, and the run it stopped resumes from
+    the rounds it saved when the sweep is run again."""
+    import shlex
+
+    out = (tmp_path / "out").resolve()
+    saved = out / FIRST / "state.json"
+    preset = write_preset(tmp_path, rounds=ROUNDS_TO_INTERRUPT)
+    code, stdout, stderr, seen = ctrl_c_after_a_saved_round(
+        [sys.executable, "-m", "fedvls_flwr", "sweep", str(preset), "-o", str(out)], PROJECT_DIR, saved)
+    assert code == 130, stderr[-3000:]
     assert "Traceback" not in stderr + stdout, stderr[-3000:]
     line = stderr.strip().splitlines()[-1]
     assert line.startswith(f"fedvls sweep: stopped by Ctrl-C (SIGINT); 0 of 2 runs are finished in {out}, and a "
@@ -274,30 +283,16 @@ def test_ctrl_c_stops_fedvls_run_with_one_line_and_its_command_continues_the_run
     """Ctrl-C in `fedvls run` after some rounds: exit 130, no traceback, one line naming the rounds
     saved and the run folder, and a command that - pasted as it is - continues the run after the
     last saved round to its end, every round once."""
-    import os
     import shlex
-    import signal
 
     from fedvls_flwr.app.results import LOCK_FILE, read_rounds
 
     run_dir = tmp_path / "runs" / "stopped"
     args = ["--run-config", f"dataset='digits' local-epochs=20 num-server-rounds=6 output-dir='{tmp_path / 'runs'}' "
             "run-name='stopped'", "--federation-config", "num-supernodes=3 client-resources-num-cpus=1"]
-    proc = subprocess.Popen([sys.executable, "-m", "fedvls_flwr", "run", *args], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            preexec_fn=interruptible)
-    try:
-        deadline = time.monotonic() + RUN_TIMEOUT
-        while not (run_dir / "state.json").exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"no round was saved:\n{proc.communicate()[1][-3000:]}")
-            time.sleep(0.05)
-        os.killpg(proc.pid, signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            stop_process(proc)
-    assert proc.returncode == 130, stderr[-3000:]
+    code, stdout, stderr, _ = ctrl_c_after_a_saved_round([sys.executable, "-m", "fedvls_flwr", "run", *args],
+                                                          tmp_path, run_dir / "state.json")
+    assert code == 130, stderr[-3000:]
     assert "Traceback" not in stderr + stdout, stderr[-3000:]
     line = stderr.strip().splitlines()[-1]
     saved = json.loads((run_dir / "state.json").read_text())["round"]
