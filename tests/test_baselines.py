@@ -263,3 +263,24 @@ def test_a_kind_kept_as_it_came_keeps_its_record_and_a_change_in_place_is_saved(
     save_client_state(record, state)
     assert record[keys.CLIENT_STATE + "protocol"] is not before["protocol"]
     assert torch.equal(load_client_state(record).of("protocol")["d"], torch.ones(2))
+
+
+def test_the_tensors_kept_from_node_states_stay_within_their_bound(monkeypatch):
+    """Many nodes' states read in one process: the tensors kept for reuse never pass
+    STATE_READS_BYTES (the oldest go), and a state read again after its tensors went is still right."""
+    from flwr.app import RecordDict
+
+    import fedvls_flwr.app.client as client
+
+    monkeypatch.setattr(client, "STATE_READS_BYTES", 3 * 4000)
+    records = []
+    for node in range(6):
+        record = RecordDict()
+        client.save_client_state(record, ClientState({"method": {"w": torch.full((1000,), float(node))}}))
+        records.append(record)
+    for record in records:
+        client.load_client_state(record)
+        assert client._read_bytes <= 3 * 4000
+    assert client._read_bytes == sum(entry[1].nbytes for entry in client._READ.values())
+    for node, record in enumerate(records):
+        assert torch.equal(client.load_client_state(record).of("method")["w"], torch.full((1000,), float(node)))

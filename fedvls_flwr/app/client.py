@@ -7,6 +7,7 @@ import socket
 import sys
 import time
 import weakref
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -45,24 +46,38 @@ def torch_state_dict(record: ArrayRecord) -> dict[str, torch.Tensor]:
 
 
 #: The tensors this process read from node states, by the ``Array`` they came from: (a weak
-#: reference to that Array, the tensor, the tensor's version then). A node's kept record that did
-#: not change between its rounds holds the same Arrays, and reading them again would copy them.
-_READ: dict[int, tuple[weakref.ref, torch.Tensor, int]] = {}
+#: reference to that Array, the tensor, the tensor's version then), least recently used first.
+#: A node's kept record that did not change between its rounds holds the same Arrays, and
+#: reading them again would copy them. At most STATE_READS_BYTES are kept (beyond, the oldest
+#: are read again when asked): many nodes' large states must not double a process's memory.
+_READ: OrderedDict[int, tuple[weakref.ref, torch.Tensor, int]] = OrderedDict()
+STATE_READS_BYTES = 512 * 2**20
+_read_bytes = 0
+
+
+def _forget_read(key: int) -> None:
+    global _read_bytes
+    gone = _READ.pop(key, None)
+    if gone is not None:
+        _read_bytes -= gone[1].nbytes
 
 
 def _read_state_array(arr: Array) -> torch.Tensor:
     """``arr``'s values as a tensor: the one read before when ``arr`` is the same Array and the
     tensor was not changed in place since, else a new one (its own copy)."""
-    hit = _READ.get(id(arr))
-    if hit is not None and hit[0]() is arr and hit[1]._version == hit[2]:
-        return hit[1]
-    tensor = torch.from_numpy(array_values(arr))
+    global _read_bytes
     key = id(arr)
-
-    def forget(_gone: weakref.ref) -> None:
-        _READ.pop(key, None)
-
-    _READ[key] = (weakref.ref(arr, forget), tensor, tensor._version)
+    hit = _READ.get(key)
+    if hit is not None and hit[0]() is arr and hit[1]._version == hit[2]:
+        _READ.move_to_end(key)
+        return hit[1]
+    _forget_read(key)
+    tensor = torch.from_numpy(array_values(arr))
+    if tensor.nbytes <= STATE_READS_BYTES:
+        _READ[key] = (weakref.ref(arr, lambda _gone: _forget_read(key)), tensor, tensor._version)
+        _read_bytes += tensor.nbytes
+        while _read_bytes > STATE_READS_BYTES:
+            _forget_read(next(iter(_READ)))
     return tensor
 
 
