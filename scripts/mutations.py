@@ -319,6 +319,13 @@ MUTATIONS: list[Mutation] = [
     Mutation("client-state-not-kept", "client state", "the ClientApp never writes the client's state back to the "
              "node's Context: MOON has no previous model and carried momentum restarts every round",
              "fedvls_flwr/app/client.py", "        save_client_state(client_state, state)\n", "        pass\n", DIFF),
+    Mutation("client-state-change-in-place-ignored", "client state", "a part's state changed in place is taken for "
+             "the state it was given: its record is not written again and the next round reads the old values",
+             "fedvls_flwr/app/client.py", "or tensor._version != version:", "or False:", ("tests/test_baselines.py",)),
+    Mutation("fedconcat-digest-ignored", "client state", "the process's concatenated model is reused whatever "
+             "the digest of the node's encoders says: a node with other encoders trains the head over the wrong ones",
+             "fedvls_flwr/algorithms/fedconcat.py", "same = digest == self.digest", "same = True",
+             ("tests/test_fedconcat.py",)),
     Mutation("moon-previous-is-global", "client state", "MOON's negative is the received global model, "
              "not the client's model of its previous round",
              "fedvls_flwr/algorithms/training.py", "            previous.load_state_dict(objective.previous_model)\n",

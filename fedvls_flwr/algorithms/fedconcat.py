@@ -113,7 +113,7 @@ class ConcatModel(nn.Module):
         self.head = head
         for encoder in self.encoders:
             encoder.requires_grad_(False)
-        self.encoders.eval()
+        self.encoders.eval()  # frozen: BatchNorm keeps its aggregated statistics (train() leaves it so)
         self._taps = [FeatureTap(e) for e in self.encoders]
         # features kept per input: key -> (a weak reference to the input, its version, the features)
         self._kept: dict[tuple[Any, ...], tuple[weakref.ref, int, torch.Tensor]] = {}
