@@ -273,9 +273,7 @@ class FedConcat(RoundProtocol):
         self._model: nn.Module | None = None
         self.source = "setting" if self.assignment_setting else "k-means"
         self.site_distributions: dict[int, list[float]] = {}
-        self.kept_encoders: StateDict = {}  # a client's: the frozen encoders its node holds
-        self.kept_digest: bytes | None = None  # ... and their encoder_digest
-        self.kept_state: StateDict = {}  # both, as the node's state holds them
+        self.kept_state: StateDict = {}  # a client's: the frozen encoders its node holds, and their DIGEST
 
     def stage(self, server_round: int) -> int:
         return 1 if server_round <= self.encoder_rounds else 2
@@ -422,8 +420,11 @@ class FedConcat(RoundProtocol):
     def load_client_state(self, state: StateDict) -> None:
         """The frozen encoders this node kept (none before they first came), and their digest."""
         self.kept_state = dict(state)
-        self.kept_encoders = {k: v for k, v in state.items() if k != DIGEST}
-        self.kept_digest = bytes(state[DIGEST].numpy().tobytes()) if DIGEST in state else None
+
+    def kept_digest(self) -> bytes | None:
+        """The encoder_digest the node keeps beside its encoders (None: kept before digests were)."""
+        digest = self.kept_state.get(DIGEST)
+        return None if digest is None else digest.numpy().tobytes()
 
     def client_state(self) -> StateDict:
         """The frozen encoders with their digest, kept for the node's next head rounds: the very
@@ -439,12 +440,10 @@ class FedConcat(RoundProtocol):
         arrays = step.arrays
         received: dict[str, torch.Tensor] = {k: v for k, v in arrays.items() if k.startswith("encoder")}
         if received:
-            self.kept_encoders = received
-            self.kept_digest = encoder_digest(received)
-            digest = torch.frombuffer(bytearray(self.kept_digest), dtype=torch.uint8)
+            digest = torch.frombuffer(bytearray(encoder_digest(received)), dtype=torch.uint8)
             self.kept_state = {**received, DIGEST: digest}
         else:
-            received = self.kept_encoders
+            received = {k: v for k, v in self.kept_state.items() if k != DIGEST}
             if not received:
                 raise RuntimeError("FedConcat stage 2: this node holds no frozen encoders (they come once per node, "
                                    "and its state was lost, e.g. a restarted SuperNode); the server sends them again "
@@ -453,7 +452,7 @@ class FedConcat(RoundProtocol):
         encoders = {k: _unprefixed(f"encoder{k}/", received) for k in clusters}
         head = {"weight": arrays[HEAD_WEIGHT], "bias": arrays[HEAD_BIAS]}
         device, cfg, data = step.device, step.cfg, step.data
-        model = _BUILT.get(step.model_factory, encoders, head, device, digest=self.kept_digest)
+        model = _BUILT.get(step.model_factory, encoders, head, device, digest=self.kept_digest())
         model.train()
         x, y = data.x, data.y
         n = int(x.shape[0])
