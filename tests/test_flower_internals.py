@@ -52,7 +52,16 @@ def test_a_nodes_copy_shares_nothing_mutable_with_the_servers_message():
     copy.content["metrics"]["seen"].append(9)
     copy.content["arrays"]["w"] = Array(np.zeros(6, dtype=np.float32))
     copy.content["extra"] = ConfigRecord({"x": 1})
+    copy.content["config"]["lr"] = 0.5
+    copy.content["metrics"]["new"] = 1
     assert message.content["config"]["ids"] == [1, 2] and message.content["metrics"]["seen"] == [3, 4]
+    assert message.content["config"]["lr"] == 0.1 and "new" not in message.content["metrics"]
+    # the copies are records of their kind that still check what is put into them
+    assert type(copy.content["config"]) is ConfigRecord and type(copy.content["metrics"]) is MetricRecord
+    with pytest.raises(TypeError):
+        copy.content["config"]["bad"] = {"a dict": 1}  # type: ignore[assignment]
+    with pytest.raises(TypeError):
+        copy.content["metrics"]["bad"] = "text"  # type: ignore[assignment]
     assert np.array_equal(message.content["arrays"]["w"].numpy(), weights) and "extra" not in message.content
     assert own_copy(message).content["arrays"]["w"].data is message.content["arrays"]["w"].data  # bytes shared
 
