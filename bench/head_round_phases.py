@@ -10,8 +10,9 @@ plain loop; this says what the rest of it is. The same workload (mnist10k, K = 2
 the app's own functions, no profiler) and booked to the round it ran in; the table gives each
 phase's median over the steady head rounds (the third on: the first sends the encoders). The
 round's ``seconds`` (what rounds.jsonl records and the bench compares) cover sending, the
-clients, aggregation and the evaluation; saving the round's files comes after them and is
-shown apart. Timings mean something only on an idle machine.
+clients, aggregation and the evaluation; the round's files are written after them, on a
+thread of their own while the next round trains: what the server waits for them is shown apart
+from what writing them takes. Timings mean something only on an idle machine.
 """
 
 from __future__ import annotations
@@ -51,7 +52,10 @@ PHASES: tuple[tuple[str, str, str, int], ...] = (
     ("fedvls_flwr.app.client", "MetricRecord", "the reply's metrics", 1),
     ("fedvls_flwr.app.strategy", "RunStrategy.aggregate_train", "server: replies checked and averaged", 0),
     ("fedvls_flwr.app.server", "ServerRun.evaluate_global", "server: the global model's evaluation", 0),
-    ("fedvls_flwr.app.server", "ServerRun.save_round", "server: the round's files (after the round's seconds)", 0),
+    ("fedvls_flwr.app.server", "ServerRun.finish_saving", "server: waiting for the round before's files", 0),
+    ("fedvls_flwr.app.server", "ServerRun.save_round", "server: the round's files handed to their thread", 0),
+    ("fedvls_flwr.app.server", "ServerRun._write_round",
+     "their thread, beside the next round: rounds.jsonl, checkpoint.npz, state.json written", 0),
 )
 
 

@@ -322,6 +322,17 @@ MUTATIONS: list[Mutation] = [
     Mutation("client-state-change-in-place-ignored", "client state", "a part's state changed in place is taken for "
              "the state it was given: its record is not written again and the next round reads the old values",
              "fedvls_flwr/app/client.py", "or tensor._version != version:", "or False:", ("tests/test_baselines.py",)),
+    Mutation("round-files-read-server-state-late", "result files", "a round's checkpoint takes the server parts' "
+             "state by reference, and the thread that writes it while the next round trains reads what that round "
+             "changed", "fedvls_flwr/app/server.py",
+             "**{key: np.array(value, copy=True) for key, value in self.strategy.server_state().items()}}",
+             "**self.strategy.server_state()}", ("tests/test_resume.py",)),
+    Mutation("ctrl-c-abandons-round-files", "result files", "Ctrl-C while a round's files are being written leaves "
+             "without them: the round is lost though it was computed",
+             "fedvls_flwr/app/server.py",
+             "            self.settle_saving()  # Ctrl-C: the round being written is still written\n"
+             "            self.saver.shutdown(wait=True)\n",
+             "            self.saver.shutdown(wait=False)\n", ("tests/test_resume.py",)),
     Mutation("fedconcat-digest-ignored", "client state", "the process's concatenated model is reused whatever "
              "the digest of the node's encoders says: a node with other encoders trains the head over the wrong ones",
              "fedvls_flwr/algorithms/fedconcat.py", "same = digest == self.digest", "same = True",

@@ -419,3 +419,88 @@ def test_a_setting_nothing_in_the_run_reads_does_not_stop_a_resume(tmp_path, loc
     assert [r["round"] for r in read_rounds(run_dir)] == [0, 1, 2, 3]
     with pytest.raises(RunFolderError, match="other settings \\(lr: 0.01 -> 0.5\\)"):  # a setting the run reads
         run_experiment(TrainingGrid(), cfg.replace(num_server_rounds=4, resume=True, lr=0.5))
+
+
+# ---- a round's files are written while the next round trains -----------------------------------
+
+
+class EventGrid(TrainingGrid):
+    """TrainingGrid that notes when each round's training starts (and can be stopped in one)."""
+
+    def __init__(self, events: list[tuple[str, int, float]], interrupt_at: int | None = None):
+        super().__init__()
+        self.events, self.interrupt_at = events, interrupt_at
+
+    def answer(self, messages):
+        server_round = int(messages[0].content[CONFIG_KEY][SERVER_ROUND])
+        self.events.append(("train", server_round, time.monotonic()))
+        if server_round == self.interrupt_at:
+            raise KeyboardInterrupt  # Ctrl-C while the round before is being written
+        return super().answer(messages)
+
+
+def slow_checkpoints(monkeypatch, events: list[tuple[str, int, float]], seconds: float) -> None:
+    """Every checkpoint write takes ``seconds`` longer, and notes when it ended."""
+    real = results.save_checkpoint
+
+    def save(path, arrays, server_round):
+        time.sleep(seconds)
+        real(path, arrays, server_round)
+        events.append(("checkpoint", server_round, time.monotonic()))
+
+    monkeypatch.setattr(results, "save_checkpoint", save)
+
+
+def test_a_rounds_files_are_written_while_the_next_round_trains(tmp_path, monkeypatch, straight):
+    events: list[tuple[str, int, float]] = []
+    slow_checkpoints(monkeypatch, events, 0.3)
+    run_dir = run_experiment(EventGrid(events), config(tmp_path, resume=False))
+    at = {(kind, r): t for kind, r, t in events}
+    for r in range(1, ROUNDS):
+        # before: round r + 1 started only once round r's checkpoint was on disk
+        assert at[("train", r + 1)] < at[("checkpoint", r)], f"round {r + 1} waited for round {r}'s files"
+    assert accuracies(run_dir) == straight[1]
+    assert load_checkpoint(run_dir / "checkpoint.npz")[0] == ROUNDS
+    assert json.loads((run_dir / "state.json").read_text()) == {"round": ROUNDS}
+    final, reference = (results.load_arrays(d / "model_final.npz") for d in (run_dir, straight[0]))
+    for key in reference:
+        np.testing.assert_array_equal(final[key], reference[key])
+
+
+def test_ctrl_c_while_a_round_is_written_still_writes_it(tmp_path, monkeypatch, straight):
+    events: list[tuple[str, int, float]] = []
+    slow_checkpoints(monkeypatch, events, 0.5)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(EventGrid(events, interrupt_at=3), config(tmp_path, resume=False))
+    run_dir = tmp_path / "r"
+    # round 2's files were being written when round 3 was stopped: the run waited for them
+    assert load_checkpoint(run_dir / "checkpoint.npz")[0] == 2
+    assert json.loads((run_dir / "state.json").read_text()) == {"round": 2}
+    assert [r["round"] for r in read_rounds(run_dir)] == [0, 1, 2]
+    monkeypatch.undo()
+    run_experiment(TrainingGrid(), config(tmp_path))  # the folder is free again, and resumes
+    assert accuracies(run_dir) == straight[1]
+
+
+def test_a_round_state_changed_after_the_round_is_written_as_it_was(tmp_path, monkeypatch, straight):
+    """What a round's files hold is taken when the round ends: the record and the server state
+    the next round changes are copied, not read later by the writing thread."""
+    from fedvls_flwr.app import server
+
+    events: list[tuple[str, int, float]] = []
+    slow_checkpoints(monkeypatch, events, 0.2)
+    real = server.ServerRun.save_round
+
+    def save_then_scribble(self, server_round, record, arrays, report):
+        real(self, server_round, record, arrays, report)
+        record["accuracy"] = -1.0  # the round's record changed while its files are written
+        for value in self.strategy.server_state().values():
+            value[...] = 0  # and the server's state
+
+    monkeypatch.setattr(server.ServerRun, "save_round", save_then_scribble)
+    run_dir = run_experiment(TrainingGrid(), config(tmp_path, resume=False, server_optimizer="fedavgm",
+                                                   fedavgm_momentum=0.9))
+    assert all(r["accuracy"] != -1.0 for r in read_rounds(run_dir))
+    _, saved = load_checkpoint(run_dir / "checkpoint.npz")
+    moments = [v for k, v in saved.items() if "momentum" in k or "server" in k]
+    assert moments and any(np.any(v != 0) for v in moments)

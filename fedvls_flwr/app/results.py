@@ -65,12 +65,13 @@ class RunFolderBusy(RunFolderError):
     """Another run holds the run folder (its :class:`RunFolderLock`); the message names it."""
 
 
-def _jsonable(value: Any) -> Any:
-    """NaN/inf become null (JSON has neither); numpy scalars become Python numbers."""
+def jsonable(value: Any) -> Any:
+    """NaN/inf become null (JSON has neither); numpy scalars become Python numbers. Every dict
+    and list is new: what a record held when this was called, whatever is done to it later."""
     if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
+        return {k: jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if isinstance(value, (np.floating, float)):
         return float(value) if math.isfinite(value) else None
     if isinstance(value, np.integer):
@@ -103,7 +104,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_bytes(path, (json.dumps(_jsonable(obj), indent=2) + "\n").encode())
+    atomic_write_bytes(path, (json.dumps(jsonable(obj), indent=2) + "\n").encode())
 
 
 def save_arrays(path: Path, arrays: Mapping[str, np.ndarray | bytes]) -> None:
@@ -172,7 +173,7 @@ class RunWriter:
 
     def append_round(self, record: dict[str, Any]) -> None:
         """Add a round; ``self.rounds`` grows only once the file holds it too."""
-        record = _jsonable(record)
+        record = jsonable(record)
         line = (json.dumps(record) + "\n").encode()
         atomic_write_bytes(self.run_dir / ROUNDS_FILE, b"".join([*self._lines, line]))
         self._rounds = [*self._rounds, record]
