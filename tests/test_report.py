@@ -451,6 +451,21 @@ def test_paired_gap_against_pool_size(tmp_path):
     assert _is_png(written["gaps_plot"])
 
 
+def test_generated_federations_of_different_sizes_are_not_runs_of_different_pools(tmp_path):
+    """Synthetic(alpha, beta) draws its clients' sizes with the seed: three seeds are one cell,
+    not three pool sizes (the report said "runs differ in: train-pool-size")."""
+    root = tmp_path / "runs"
+    for seed, pool in enumerate((28497, 17915, 26884)):
+        config = {**_config("fedavg", seed, **{"train-pool-size": 0}), "dataset": "synthetic"}
+        run = _write_run(root / f"s{seed}", config, 0.6 + seed / 100, 0.6)
+        summary = json.loads((run / "summary.json").read_text())
+        (run / "summary.json").write_text(json.dumps({**summary, "num_train_pool": pool}))
+    report = table(load_runs(root), rows=("dataset",), cols=("method",))
+    assert not [n for n in report.notes if "differ in" in n]
+    (cell,) = report.cells.values()
+    assert len(cell.best_values) == 3
+
+
 # ---- a report from nothing says so ----------------------------------------------------
 def test_report_of_a_path_that_does_not_exist_writes_nothing_and_fails(tmp_path, capsys):
     """Not exit 0 and an empty results.csv in a report/ folder created under the path."""

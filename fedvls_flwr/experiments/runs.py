@@ -211,8 +211,11 @@ def load_run(run_dir: str | Path) -> RunRecord:
             clients = loaded if isinstance(loaded, dict) else None
         except json.JSONDecodeError:
             clients = None
-    if config.get("train-pool-size") == 0 and isinstance(summary.get("num_train_pool"), int):
-        config["train-pool-size"] = summary["num_train_pool"]  # 0 = the whole pool: say how large it was
+    if config.get("train-pool-size") == 0 and isinstance(summary.get("num_train_pool"), int) \
+            and config.get("dataset") != "synthetic":
+        # 0 = the whole pool: say how large it was (a generated federation's size is drawn with
+        # its seed, so its seeds would read as runs of different pool sizes)
+        config["train-pool-size"] = summary["num_train_pool"]
     return RunRecord(path=run_dir, config=config, summary=summary, rounds=rounds, clients=clients,
                      rounds_file_found=rounds_file_found)
 
