@@ -39,6 +39,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.bench_engine import write_page  # noqa: E402 - the one marker writer of bench/
 from fedvls_flwr.deploy.breakdown import PHASES, breakdown  # noqa: E402
 from fedvls_flwr.deploy.local import run_local  # noqa: E402
 
@@ -146,15 +147,6 @@ def markdown(app: dict, bare: dict, rounds: int, load: tuple[str, str]) -> str:
     return "\n".join(lines)
 
 
-def write_page(page: Path, text: str) -> None:
-    content = page.read_text()
-    if START not in content or END not in content:
-        raise SystemExit(f"{page} lacks the markers {START!r} ... {END!r}")
-    head, rest = content.split(START, 1)
-    _, tail = rest.split(END, 1)
-    page.write_text(f"{head}{START}\n{text}\n{END}{tail}")
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=6)
@@ -173,7 +165,7 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps({"app": app, "bare": bare}, indent=1))
     if args.write:
-        write_page(args.write, text)
+        write_page(args.write, text, START, END)
     return 0
 
 
