@@ -330,9 +330,22 @@ MUTATIONS: list[Mutation] = [
     Mutation("ctrl-c-abandons-round-files", "result files", "Ctrl-C while a round's files are being written leaves "
              "without them: the round is lost though it was computed",
              "fedvls_flwr/app/server.py",
-             "            self.settle_saving()  # Ctrl-C: the round being written is still written\n"
+             "            if (unwritten_at_exit := self.settle_saving()) is not None:  # Ctrl-C: the round being written is "
+             "still written\n                self._unwritten_warning(unwritten_at_exit)\n"
              "            self.saver.shutdown(wait=True)\n",
              "            self.saver.shutdown(wait=False)\n", ("tests/test_resume.py",)),
+    Mutation("failed-round-ignores-round-being-written", "result files", "a run that fails while the round before is "
+             "being written reports the rounds on disk before that write ends: summary.json counts one round too few",
+             "fedvls_flwr/app/server.py", "            unwritten = self.settle_saving()\n",
+             "            unwritten = None\n", ("tests/test_resume.py",)),
+    Mutation("full-disk-hidden-by-failed-round", "result files", "a round's files that fail on their thread while "
+             "the next round fails too are only a warning: the run's error says the unwritten round is saved",
+             "fedvls_flwr/app/server.py", "            if isinstance(unwritten, OSError):\n",
+             "            if False:\n", ("tests/test_resume.py",)),
+    Mutation("ctrl-c-forgets-failed-write", "result files", "Ctrl-C while the server waits for a round's files drops "
+             "that write: if it then fails, nothing says the folder holds the round before",
+             "fedvls_flwr/app/server.py", "            if saving.done():\n                self.saving = None\n",
+             "            if True:\n                self.saving = None\n", ("tests/test_resume.py",)),
     Mutation("fedconcat-digest-ignored", "client state", "the process's concatenated model is reused whatever "
              "the digest of the node's encoders says: a node with other encoders trains the head over the wrong ones",
              "fedvls_flwr/algorithms/fedconcat.py", "same = digest == self.digest", "same = True",

@@ -504,3 +504,115 @@ def test_a_round_state_changed_after_the_round_is_written_as_it_was(tmp_path, mo
     _, saved = load_checkpoint(run_dir / "checkpoint.npz")
     moments = [v for k, v in saved.items() if "momentum" in k or "server" in k]
     assert moments and any(np.any(v != 0) for v in moments)
+
+
+class SilentRound(TrainingGrid):
+    """TrainingGrid whose round ``silent`` gets no replies: the round fails."""
+
+    def __init__(self, silent: int):
+        super().__init__()
+        self.silent = silent
+
+    def answer(self, messages):
+        return [] if int(messages[0].content[CONFIG_KEY][SERVER_ROUND]) == self.silent else super().answer(messages)
+
+
+def failing_checkpoint(monkeypatch, failing_round: int, delay: float = 0.0) -> None:
+    """Round ``failing_round``'s checkpoint fails with ENOSPC (after ``delay`` seconds)."""
+    real = results.save_checkpoint
+
+    def save(path, arrays, server_round):
+        if server_round == failing_round:
+            time.sleep(delay)
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        real(path, arrays, server_round)
+
+    monkeypatch.setattr(results, "save_checkpoint", save)
+
+
+def test_a_full_disk_then_a_failed_round_reports_the_disk_and_the_round_that_is_safe(tmp_path, monkeypatch, straight,
+                                                                                        caplog):
+    """Round 2's files fail on their thread while round 3 trains, and round 3 fails too: the
+    run stops with the disk's message and round 1 as safe, not with the round failure's claim
+    that round 2 is saved."""
+    failing_checkpoint(monkeypatch, 2)
+    with caplog.at_level(logging.WARNING, logger="flwr"), pytest.raises(ResultsWriteError) as err:
+        run_experiment(SilentRound(3), config(tmp_path, resume=False, round_retries=0, round_timeout=0.5))
+    monkeypatch.undo()
+    run_dir = tmp_path / "r"
+    msg = str(err.value)
+    assert msg.startswith(f"could not write {run_dir / 'checkpoint.npz'}: No space left on device.")
+    assert "The results up to round 1 of 4 are complete and safe" in msg
+    assert "round 3 failed" in caplog.text  # the round's own failure is still told
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["rounds_completed"] == 1 and summary["error"] == msg
+    assert json.loads((run_dir / "state.json").read_text()) == {"round": 1}
+    run_experiment(TrainingGrid(), config(tmp_path))
+    assert accuracies(run_dir) == straight[1]
+
+
+def test_an_error_while_a_round_is_written_counts_that_round_once_written(tmp_path, monkeypatch, straight):
+    events: list[tuple[str, int, float]] = []
+    slow_checkpoints(monkeypatch, events, 0.4)
+    with pytest.raises(Exception, match="round 3 failed"):
+        run_experiment(SilentRound(3), config(tmp_path, resume=False, round_retries=0, round_timeout=0.1))
+    monkeypatch.undo()
+    run_dir = tmp_path / "r"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    # round 2's files were still being written when round 3 failed: the run waited for them
+    assert summary["status"] == "failed" and summary["rounds_completed"] == 2
+    assert "Results up to round 2 are saved" in summary["error"]
+    assert json.loads((run_dir / "state.json").read_text()) == {"round": 2}
+    run_experiment(TrainingGrid(), config(tmp_path))
+    assert accuracies(run_dir) == straight[1]
+
+
+def test_ctrl_c_while_waiting_for_a_write_that_fails_still_says_so(tmp_path, monkeypatch, caplog):
+    from fedvls_flwr.app import server
+
+    class InterruptedWait:
+        """Ctrl-C arrives while the server waits for the round's files."""
+
+        def __init__(self, future):
+            self.future = future
+
+        def result(self):
+            raise KeyboardInterrupt
+
+        def done(self):
+            return self.future.done()
+
+        def exception(self):
+            return self.future.exception()
+
+    failing_checkpoint(monkeypatch, 2, delay=0.3)
+    real = server.ServerRun.save_round
+
+    def save_round(self, server_round, record, arrays, report):
+        real(self, server_round, record, arrays, report)
+        if server_round == 2:
+            self.saving = InterruptedWait(self.saving)
+
+    monkeypatch.setattr(server.ServerRun, "save_round", save_round)
+    with caplog.at_level(logging.WARNING, logger="flwr"), pytest.raises(KeyboardInterrupt):
+        run_experiment(TrainingGrid(), config(tmp_path, resume=False))
+    assert "round 2's files were not all written either" in caplog.text and "No space left" in caplog.text
+    assert json.loads((tmp_path / "r" / "state.json").read_text()) == {"round": 1}
+
+
+def test_a_round_saved_after_the_writer_thread_is_gone_is_written_in_place(tmp_path, monkeypatch, straight):
+    """A process that is exiting takes no new threads (Flower's simulation ends its process so):
+    the round's files are written by the server itself."""
+    from fedvls_flwr.app import server
+
+    real = server.ServerRun.save_round
+
+    def save_round(self, server_round, record, arrays, report):
+        if server_round == 3:
+            self.saver.shutdown(wait=True)
+        real(self, server_round, record, arrays, report)
+
+    monkeypatch.setattr(server.ServerRun, "save_round", save_round)
+    run_dir = run_experiment(TrainingGrid(), config(tmp_path, resume=False))
+    assert accuracies(run_dir) == straight[1]
+    assert load_checkpoint(run_dir / "checkpoint.npz")[0] == ROUNDS

@@ -16,7 +16,8 @@ from typing import Any
 
 EVENT_PREFIX = "fedvls-event "
 #: The kinds written: the server's round start (messages about to go out) and end (the round
-#: saved), and a client's local data being ready (``seconds`` it took).
+#: evaluated and its files handed to the thread that writes them, beside the next round), and a
+#: client's local data being ready (``seconds`` it took).
 ROUND_START, ROUND_END, CLIENT_DATA = "round-start", "round-end", "client-data"
 
 _logger = logging.getLogger("flwr")

@@ -302,7 +302,11 @@ class ServerRun:
         checkpoint = {**npy_payloads(arrays),
                       **{key: np.array(value, copy=True) for key, value in self.strategy.server_state().items()}}
         self.finish_saving()
-        self.saving = self.saver.submit(self._write_round, server_round, jsonable(record), checkpoint, clients)
+        try:
+            self.saving = self.saver.submit(self._write_round, server_round, jsonable(record), checkpoint, clients)
+        except RuntimeError:  # the interpreter is exiting (Flower ends its simulation's process): no new thread
+            with self.results_written():
+                self._write_round(server_round, jsonable(record), checkpoint, clients)
 
     def _write_round(self, server_round: int, record: dict, checkpoint: dict, clients: dict[int, list[int]] | None) -> None:
         if clients is not None:
@@ -314,19 +318,27 @@ class ServerRun:
 
     def finish_saving(self) -> None:
         """Wait for the round being written; a file it could not write stops the run here (with
-        what is safe: ``saved_round`` is the round before it)."""
-        saving, self.saving = self.saving, None
-        if saving is not None:
+        what is safe: ``saved_round`` is the round before it). A Ctrl-C while waiting leaves the
+        write to :meth:`settle_saving`, which still reports how it ended."""
+        saving = self.saving
+        if saving is None:
+            return
+        try:
             with self.results_written():
                 saving.result()
+        finally:
+            if saving.done():
+                self.saving = None
 
-    def settle_saving(self) -> None:
+    def settle_saving(self) -> BaseException | None:
         """Wait for the round being written on a way out that already has its reason (an error,
-        Ctrl-C): a file it could not write is logged, not raised over that reason."""
+        Ctrl-C); what the write raised, if anything (``saved_round`` is still the round before)."""
         saving, self.saving = self.saving, None
-        if saving is not None and (err := saving.exception()) is not None:
-            log(WARNING, "round %d's files were not all written either (%s); the run folder holds round %d",
-                self.saved_round + 1, err, self.saved_round)
+        return None if saving is None else saving.exception()
+
+    def _unwritten_warning(self, err: BaseException) -> None:
+        log(WARNING, "round %d's files were not all written either (%s); the run folder holds round %d",
+            self.saved_round + 1, err, self.saved_round)
 
     def on_round_end(self, server_round: int, arrays: ArrayRecord, report: RoundReport) -> None:
         self.finish_saving()  # the round before, written while this one trained (outside its seconds, as before)
@@ -395,15 +407,27 @@ class ServerRun:
         except Exception as err:
             # Never claim more than the checkpoint holds: rounds after saved_round are not on disk
             # as a whole (rounds.jsonl may hold one the checkpoint does not).
-            self.settle_saving()
+            stop: Exception = err
+            unwritten = self.settle_saving()
+            if isinstance(unwritten, OSError):
+                # The round before the failure never reached the disk: the failure's own text
+                # (a failed round says the round before it is saved) would claim one round too
+                # many; the disk's message names the file and the round that is safe.
+                log(WARNING, "%s", err)
+                stop = _write_failed(unwritten, self.cfg, self.run_dir, self.saved_round, self.cfg.num_server_rounds)
+            elif unwritten is not None:
+                self._unwritten_warning(unwritten)
             saved = [r for r in self.writer.rounds if r["round"] <= self.saved_round]
             try:
-                self.writer.write_summary(self.summary(saved, status="failed", error=str(err)))
+                self.writer.write_summary(self.summary(saved, status="failed", error=str(stop)))
             except OSError as write_err:
                 log(WARNING, "summary.json not written either (%s)", write_err)
-            raise
+            if stop is err:
+                raise
+            raise stop from err
         finally:
-            self.settle_saving()  # Ctrl-C: the round being written is still written
+            if (unwritten_at_exit := self.settle_saving()) is not None:  # Ctrl-C: the round being written is still written
+                self._unwritten_warning(unwritten_at_exit)
             self.saver.shutdown(wait=True)
             if self.tracker is not None:
                 self.tracker.close()
