@@ -60,6 +60,22 @@ def test_every_quoted_figure_is_in_a_result_file(where, figure):
         "figure from the regenerated report), or, if it names an earlier measurement on purpose, add it to HISTORICAL")
 
 
+def test_the_readme_results_table_quotes_measured_means():
+    """README's headline table gives means without their std: each one is a report's best mean."""
+    means = set()
+    for path in (ROOT / "docs" / "results").rglob("results.csv"):
+        with path.open() as f:
+            means |= {f"{float(row['best_mean']):.2f}" for row in csv.DictReader(f) if row.get("best_mean")}
+    text = (ROOT / "README.md").read_text()
+    start = text.index("| top-1 % | FedAvg")
+    rows = [line for line in text[start:text.index("\n\n", start)].splitlines()[2:] if not line.startswith("| paper")]
+    assert len(rows) >= 3
+    for row in rows:
+        cells = re.sub(r"± \d+\.\d\d", "", "|".join(row.split("|")[2:]))  # the first cell names the betas
+        stale = [n for n in re.findall(r"(?<![\d.])\d+\.\d\d(?![\d])", cells) if n not in means]
+        assert not stale, f"README.md's results row {row[:40]!r}: {stale} is no best mean of any results.csv under docs/results/"
+
+
 def test_historical_figures_are_still_quoted():
     quoted = {figure for _, figure in _quoted()}
     assert set(HISTORICAL) <= quoted, "a HISTORICAL figure no page quotes any more: remove it from the list"
