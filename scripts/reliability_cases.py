@@ -405,6 +405,16 @@ FAULTS: tuple[Fault, ...] = (
     Fault("enospc-final", "`ENOSPC` writing `model_final.npz` / `config.json`",
           "tests/test_resume.py::test_full_disk_at_the_final_files tests/test_resume.py::test_full_disk_before_any_round",
           "`All 4 rounds are complete and safe ... To write them: ...` / `No round had been completed ...`"),
+    Fault("enospc-then-failed-round", "`ENOSPC` writing round 2's checkpoint (on the thread that writes it beside "
+          "round 3), then round 3 gets no replies",
+          "tests/test_resume.py::test_a_full_disk_then_a_failed_round_reports_the_disk_and_the_round_that_is_safe",
+          "the run stops with `could not write <path>: No space left on device. The results up to round 1 of 4 are "
+          "complete and safe ...`, round 3's failure logged beside it; `summary.json` says round 1; resume matches "
+          "the uninterrupted run"),
+    Fault("error-while-writing", "round 3 fails while round 2's files are still being written",
+          "tests/test_resume.py::test_an_error_while_a_round_is_written_counts_that_round_once_written",
+          "the run waits for round 2's files; `summary.json` and `state.json` say round 2; resume matches the "
+          "uninterrupted run"),
     Fault("torn-last", "torn last line of `rounds.jsonl` after the checkpoint's round",
           "tests/test_resume.py::test_torn_last_line_of_rounds_after_the_checkpoint_is_dropped",
           "dropped with a warning naming the file; that round re-run; bit-identical"),
