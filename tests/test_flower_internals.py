@@ -86,3 +86,75 @@ def test_the_task_identity_is_put_back_even_when_it_was_unset():
         assert current() == [5, 6, 7]
         raise ValueError("the block fails: the identity comes back all the same")
     assert current() == before
+
+
+# ---- a node's copy gives what Flower's wire gives back (its serialisation to protobuf and back)
+def _wire(record):
+    from flwr.common import serde
+
+    if isinstance(record, ConfigRecord):
+        return serde.config_record_from_proto(serde.config_record_to_proto(record))
+    return serde.metric_record_from_proto(serde.metric_record_to_proto(record))
+
+
+def _as_delivered(record):
+    with task_identity(task_id=1, run_id=1, node_id=0):
+        return own_copy(Message(RecordDict({"r": record}), dst_node_id=7, message_type="train")).content["r"]
+
+
+class Colour(str):
+    pass
+
+
+@pytest.mark.parametrize("values", [
+    {"f": np.float64(0.5), "l": [np.float64(1.5)]},     # numpy scalars come back as floats
+    {"s": Colour("red")},                                # a str subclass comes back a str
+    {"l": [1, True]},                                    # a list is typed by its first value
+    {"f": 0.5, "i": 3, "s": "x", "b": b"y", "t": True, "fl": [0.5, 1.5], "sl": ["a"], "bl": [True, False]},
+    {"big": 2**63},                                      # beyond sint64: sent as uint64
+], ids=["numpy", "subclass", "mixed-list", "plain", "uint64"])
+def test_a_config_record_reaches_the_node_as_the_wire_gives_it(values):
+    record = ConfigRecord(values)
+    got, wire = _as_delivered(record), _wire(record)
+    assert dict(got.items()) == dict(wire.items())
+    assert {k: (type(v), [type(x) for x in v] if isinstance(v, list) else None) for k, v in got.items()} == {
+        k: (type(v), [type(x) for x in v] if isinstance(v, list) else None) for k, v in wire.items()}
+
+
+def test_a_metric_record_reaches_the_node_as_the_wire_gives_it():
+    record = MetricRecord({"f": np.float64(0.25), "l": [np.float64(1.5), np.float64(2.0)]})
+    got = _as_delivered(record)
+    assert type(got["f"]) is float and [type(x) for x in got["l"]] == [float, float]
+
+
+def test_two_keys_sharing_a_list_get_one_each():
+    shared = [1, 2]
+    got = _as_delivered(ConfigRecord({"a": shared, "b": shared}))
+    got["a"].append(3)
+    assert got["b"] == [1, 2] and shared == [1, 2]
+
+
+def test_a_value_put_into_a_list_after_its_check_is_refused_as_flwr_run_refuses_it():
+    record = ConfigRecord({"a": [1, 2]})
+    record["a"].append("x")  # Flower checks values when they are set, not lists changed later
+    with pytest.raises(TypeError):
+        _as_delivered(record)
+
+
+def test_an_int_beyond_what_the_wire_holds_is_refused():
+    with pytest.raises(ValueError):
+        _as_delivered(ConfigRecord({"a": -(2**63) - 1}))
+
+
+def test_a_reply_shares_nothing_with_what_the_client_app_keeps():
+    from fedvls_flwr.ops.client_worker import stamped
+
+    kept = MetricRecord({"loss": [0.5, 0.25]})
+    with task_identity(task_id=1, run_id=1, node_id=0):
+        reply = Message(RecordDict({"m": kept, "c": ConfigRecord({"k": np.float64(1.5)})}),
+                        reply_to=Message(RecordDict(), dst_node_id=7, message_type="train"))
+        stored = stamped(reply)
+    assert stored.content["m"] is not kept and stored.content["m"]["loss"] is not kept["loss"]
+    stored.content["m"]["loss"].append(1.0)
+    assert kept["loss"] == [0.5, 0.25]
+    assert type(stored.content["c"]["k"]) is float

@@ -66,7 +66,7 @@ from fedvls_flwr.ops.client_worker import (
     encode_records,
     stamped,
 )
-from fedvls_flwr.ops.flower_internals import copied_metadata
+from fedvls_flwr.ops.flower_internals import copied_metadata, records_copy
 from fedvls_flwr.ops.resources import WorkerPlan, cuda_visible_devices
 
 __all__ = ["PROJECT_CLIENT_APP", "ClientPool", "ClientWorkersFailed", "crash_reply"]
@@ -428,7 +428,7 @@ class ClientPool:
         if body[0] == "error":
             reply = make_message(metadata, error=body[1])
         else:
-            reply = make_message(metadata, content=decode_records(body[1], blob))
+            reply = make_message(metadata, content=records_copy(decode_records(body[1], blob)))  # metrics as the wire gives them
         state = None if new_state is None else decode_records(new_state, blob)
         task.state_blobs = []
         self._spent(time.perf_counter() - t0)

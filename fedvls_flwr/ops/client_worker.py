@@ -37,7 +37,7 @@ from flwr.clientapp import ClientApp
 from flwr.clientapp.client_app import ClientAppException
 from flwr.common.constant import ErrorCode
 
-from fedvls_flwr.ops.flower_internals import copied_metadata
+from fedvls_flwr.ops.flower_internals import copied_metadata, records_copy
 from fedvls_flwr.ops.processes import die_with_parent
 
 __all__ = ["Bulk", "client_process", "decode_records", "encode_records", "load_client_app", "run_client",
@@ -88,11 +88,12 @@ def run_client(client_app: ClientApp, message: Message, context: Context, thread
 
 
 def stamped(reply: Message) -> Message:
-    """``reply`` with a message id of its own, as the SuperLink gives every reply it stores."""
+    """``reply`` as the SuperLink stores it: a message id of its own, and records of its own
+    (nothing the ClientApp still holds, its metrics as the wire gives them back)."""
     metadata = copied_metadata(reply.metadata, str(uuid4()))
     if reply.has_error():
         return make_message(metadata, error=reply.error)
-    return make_message(metadata, content=reply.content)
+    return make_message(metadata, content=records_copy(reply.content))
 
 
 def load_client_app(reference: str) -> ClientApp:
