@@ -346,6 +346,14 @@ MUTATIONS: list[Mutation] = [
              "that write: if it then fails, nothing says the folder holds the round before",
              "fedvls_flwr/app/server.py", "            if saving.done():\n                self.saving = None\n",
              "            if True:\n                self.saving = None\n", ("tests/test_resume.py",)),
+    Mutation("node-copy-keeps-shared-lists", "engine", "a node's copy of a message keeps two keys that share a list "
+             "sharing it, where Flower's wire gives each its own",
+             "fedvls_flwr/ops/flower_internals.py", "            copied[key] = list(value)  # type: ignore[assignment]\n",
+             "            pass\n", ("tests/test_flower_internals.py",)),
+    Mutation("node-copy-trusts-every-value", "engine", "a node's copy of a message keeps numpy scalars, subclasses "
+             "and values put into a list after Flower checked it, which flwr run converts or refuses",
+             "fedvls_flwr/ops/flower_internals.py", "or not all(_sent_as_is(v, kinds) for v in record.values()):",
+             "or False:", ("tests/test_flower_internals.py",)),
     Mutation("fedconcat-digest-ignored", "client state", "the process's concatenated model is reused whatever "
              "the digest of the node's encoders says: a node with other encoders trains the head over the wrong ones",
              "fedvls_flwr/algorithms/fedconcat.py", "same = digest == self.digest", "same = True",
