@@ -352,8 +352,17 @@ MUTATIONS: list[Mutation] = [
              "            pass\n", ("tests/test_flower_internals.py",)),
     Mutation("node-copy-trusts-every-value", "engine", "a node's copy of a message keeps numpy scalars, subclasses "
              "and values put into a list after Flower checked it, which flwr run converts or refuses",
-             "fedvls_flwr/ops/flower_internals.py", "or not all(_sent_as_is(v, kinds) for v in record.values()):",
-             "or False:", ("tests/test_flower_internals.py",)),
+             "fedvls_flwr/ops/flower_internals.py", "and all(_sent_as_is(v, kinds) for v in record.values()):",
+             "and True:", ("tests/test_flower_internals.py",)),
+    Mutation("worker-message-not-as-sent", "engine", "with client workers a node's message keeps numpy scalars and "
+             "subclasses in its config, and a value put into a list after Flower checked it gets through, where "
+             "flwr run converts or refuses them",
+             "fedvls_flwr/ops/client_pool.py", "encode_records(message.content, numbering, as_sent=True)",
+             "encode_records(message.content, numbering)", ("tests/test_client_workers.py",)),
+    Mutation("worker-reply-not-as-sent", "engine", "with client workers the server gets a reply's numpy scalars as "
+             "numpy scalars, where Flower's wire gives floats",
+             "fedvls_flwr/ops/client_pool.py", "decode_records(body[1], blob, as_sent=True)",
+             "decode_records(body[1], blob)", ("tests/test_client_workers.py",)),
     Mutation("fedconcat-digest-ignored", "client state", "the process's concatenated model is reused whatever "
              "the digest of the node's encoders says: a node with other encoders trains the head over the wrong ones",
              "fedvls_flwr/algorithms/fedconcat.py", "same = digest == self.digest", "same = True",

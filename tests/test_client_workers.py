@@ -6,6 +6,7 @@ and test_e2e_client_workers.py."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import os
@@ -258,6 +259,37 @@ def test_a_nodes_state_persists_across_its_messages_whichever_worker_takes_them(
         assert len(pids) == 2 and pids == set(pool.pids())  # both workers served, none in this process
         history = next(iter(grid.contexts.values())).state.array_records["history"]["last"].numpy()
         assert history.tolist() == [4, 4, 4]
+
+
+class Colour(str):
+    pass
+
+
+@pytest.mark.parametrize("workers", [0, 1], ids=["in-this-process", "a-worker"])
+def test_a_message_and_its_reply_carry_what_flowers_wire_gives_with_or_without_workers(workers):
+    """The ClientApp sees numpy scalars as floats, a str subclass as a str, a list typed by its
+    first value; the server gets the reply's numpy scalar as a float; a bad value put into a list
+    after its check is refused at the push - as under ``flwr run``, on either engine path."""
+    from tests import worker_apps
+
+    if workers:
+        grid, pool = pool_grid(workers=workers, nodes=1)
+    else:
+        grid, pool = InProcessGrid(worker_apps.app, Run.create_empty(11), {}, 1), None
+    node = next(iter(grid.contexts))
+    with pool if pool is not None else contextlib.nullcontext():
+        config = ConfigRecord({"f": np.float64(0.5), "l": [1, True], "s": Colour("x"), "p": [0.5, 1.5]})
+        replies = list(grid.send_and_receive(
+            [Message(RecordDict({"config": config}), dst_node_id=node, message_type="query")], timeout=120))
+        assert len(replies) == 1 and not replies[0].has_error()
+        assert list(replies[0].content.config_records["seen"]["types"]) == [
+            "f:float", "l:list int,int", "s:str", "p:list float,float"]
+        half = replies[0].content.metric_records["metrics"]["half"]
+        assert type(half) is float and half == 0.5
+        bad = ConfigRecord({"l": [1, 2]})
+        bad["l"].append("x")  # Flower checks a value when it is set, not a list changed later
+        with pytest.raises(TypeError):
+            grid.push_messages([Message(RecordDict({"config": bad}), dst_node_id=node, message_type="query")])
 
 
 def test_one_nodes_messages_run_one_after_another():

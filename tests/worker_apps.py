@@ -40,7 +40,13 @@ def train(msg: Message, context: Context) -> Message:
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
-    return Message(RecordDict({"metrics": MetricRecord({"pid": os.getpid()})}), reply_to=msg)
+    """Which process answered; the type of every config value received (a value's, or a list's
+    values'), and a numpy scalar among its metrics (the wire gives the server a float)."""
+    config = msg.content.config_records.get("config", ConfigRecord())
+    seen = [f"{key}:{'list ' + ','.join(type(v).__name__ for v in value) if isinstance(value, list) else type(value).__name__}"
+            for key, value in config.items()]
+    return Message(RecordDict({"metrics": MetricRecord({"pid": os.getpid(), "half": np.float64(0.5)}),
+                               "seen": ConfigRecord({"types": seen})}), reply_to=msg)
 
 
 def broken() -> ClientApp:

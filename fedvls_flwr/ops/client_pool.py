@@ -66,7 +66,7 @@ from fedvls_flwr.ops.client_worker import (
     encode_records,
     stamped,
 )
-from fedvls_flwr.ops.flower_internals import copied_metadata, records_copy
+from fedvls_flwr.ops.flower_internals import copied_metadata
 from fedvls_flwr.ops.resources import WorkerPlan, cuda_visible_devices
 
 __all__ = ["PROJECT_CLIENT_APP", "ClientPool", "ClientWorkersFailed", "crash_reply"]
@@ -161,7 +161,7 @@ class ClientPool:
         numbering = Numbering(self._numbers)
         tasks = []
         for message, context in messages:
-            content = encode_records(message.content, numbering) if message.has_content() else []
+            content = encode_records(message.content, numbering, as_sent=True) if message.has_content() else []
             tasks.append(_Task(next(self._numbers), message, context, [], content, generation=self._generation))
         by_number = dict(numbering.blobs())
         for task in tasks:
@@ -428,7 +428,7 @@ class ClientPool:
         if body[0] == "error":
             reply = make_message(metadata, error=body[1])
         else:
-            reply = make_message(metadata, content=records_copy(decode_records(body[1], blob)))  # metrics as the wire gives them
+            reply = make_message(metadata, content=decode_records(body[1], blob, as_sent=True))
         state = None if new_state is None else decode_records(new_state, blob)
         task.state_blobs = []
         self._spent(time.perf_counter() - t0)

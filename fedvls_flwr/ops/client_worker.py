@@ -37,7 +37,7 @@ from flwr.clientapp import ClientApp
 from flwr.clientapp.client_app import ClientAppException
 from flwr.common.constant import ErrorCode
 
-from fedvls_flwr.ops.flower_internals import copied_metadata, records_copy
+from fedvls_flwr.ops.flower_internals import copied_metadata, records_copy, values_copy, wire_values
 from fedvls_flwr.ops.processes import die_with_parent
 
 __all__ = ["Bulk", "client_process", "decode_records", "encode_records", "load_client_app", "run_client",
@@ -110,29 +110,32 @@ def load_client_app(reference: str) -> ClientApp:
 Encoded = list[tuple[str, str, Any]]
 
 
-def encode_records(content: RecordDict, blob: Callable[[bytes], int]) -> Encoded:
+def encode_records(content: RecordDict, blob: Callable[[bytes], int], *, as_sent: bool = False) -> Encoded:
     """``content`` as picklable tuples in its own order; each array's bytes replaced by the
-    number ``blob`` gives them."""
+    number ``blob`` gives them. ``as_sent``: a message the server sends, its config and metric
+    values as Flower's wire delivers them (converted, or refused here as ``flwr run`` refuses
+    them at the push); a node's state stays as the ClientApp left it."""
     out: Encoded = []
     for name, record in content.items():
         if isinstance(record, ArrayRecord):
             out.append((name, "arrays", [(k, a.dtype, a.shape, a.stype, blob(a.data)) for k, a in record.items()]))
-        elif isinstance(record, ConfigRecord):
-            out.append((name, "config", dict(record)))
         else:
-            out.append((name, "metrics", dict(record)))
+            out.append((name, "config" if isinstance(record, ConfigRecord) else "metrics",
+                        wire_values(record) if as_sent else dict(record)))
     return out
 
 
-def decode_records(encoded: Encoded, blob: Callable[[int], bytes]) -> RecordDict:
+def decode_records(encoded: Encoded, blob: Callable[[int], bytes], *, as_sent: bool = False) -> RecordDict:
+    """What :func:`encode_records` encoded. ``as_sent``: a client's reply, its config and metric
+    values as Flower's wire gives them to the server (converted, or refused as ``flwr run``
+    would); its arrays are new already."""
     records: dict[str, ArrayRecord | ConfigRecord | MetricRecord] = {}
     for name, kind, items in encoded:
         if kind == "arrays":
             records[name] = ArrayRecord({k: Array(dtype, tuple(shape), stype, blob(n)) for k, dtype, shape, stype, n in items})
-        elif kind == "config":
-            records[name] = ConfigRecord(items)
         else:
-            records[name] = MetricRecord(items)
+            values = ConfigRecord(items) if kind == "config" else MetricRecord(items)
+            records[name] = values_copy(values) if as_sent else values
     return RecordDict(records)
 
 
