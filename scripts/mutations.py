@@ -352,8 +352,17 @@ MUTATIONS: list[Mutation] = [
              "            pass\n", ("tests/test_flower_internals.py",)),
     Mutation("node-copy-trusts-every-value", "engine", "a node's copy of a message keeps numpy scalars, subclasses "
              "and values put into a list after Flower checked it, which flwr run converts or refuses",
-             "fedvls_flwr/ops/flower_internals.py", "and all(_sent_as_is(v, kinds) for v in record.values()):",
+             "fedvls_flwr/ops/flower_internals.py", "and _all_sent_as_is(record.values(), kinds):",
              "and True:", ("tests/test_flower_internals.py",)),
+    Mutation("config-with-shares-lists", "engine", "a round's config shares its lists with the run config kept "
+             "for every round: a message changed in place changes the next round's",
+             "fedvls_flwr/app/messages.py",
+             "            record[key] = list(value)  # type: ignore[assignment]\n    for key, value in changes",
+             "            pass\n    for key, value in changes", ("tests/test_messages.py",)),
+    Mutation("record-read-of-any-kind", "engine", "a message's record is read whatever its kind: a reply's "
+             "ConfigRecord named like the expected MetricRecord is taken for it",
+             "fedvls_flwr/app/messages.py", "    if not isinstance(record, kind):\n        raise KeyError(key)",
+             "    if record is None:\n        raise KeyError(key)", ("tests/test_messages.py",)),
     Mutation("worker-message-not-as-sent", "engine", "with client workers a node's message keeps numpy scalars and "
              "subclasses in its config, and a value put into a list after Flower checked it gets through, where "
              "flwr run converts or refuses them",
@@ -378,7 +387,7 @@ MUTATIONS: list[Mutation] = [
              "deterministic = not transform.augments", DIFF),
     Mutation("downlink-values-dropped", "new methods", "a client drops the downlink's values: FedGF's c is 0 and "
              "its clients silently run FedSAM", "fedvls_flwr/app/client.py",
-             "    if keys.DOWNLINK_VALUES in content.config_records:", "    if False:", DIFF),
+             "    if has_record(content, keys.DOWNLINK_VALUES, ConfigRecord):", "    if False:", DIFF),
     Mutation("fedexp-evaluates-last", "round rules", "the server evaluates the last global model whatever "
              "fedexp-eval says (average-last-two ignored)", "fedvls_flwr/app/strategy.py",
              "return self.server_optimizer.evaluation_arrays(to_numpy_dict(arrays))",

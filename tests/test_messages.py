@@ -28,3 +28,47 @@ def test_array_values_equal_flowers_own_decoding(name):
     assert np.array_equal(ours, flowers) and ours.flags.writeable
     ours[...] = 0 if ours.size else ours  # a copy: the message's bytes are never written
     assert np.array_equal(arr.numpy(), flowers)
+
+
+# ---- a message's records read directly: what Flower's typed views give, without building them
+def _content():
+    from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+
+    return RecordDict({"w": ArrayRecord({"x": Array(np.ones(2, np.float32))}), "c": ConfigRecord({"k": 1}),
+                       "m": MetricRecord({"loss": 0.5}), "w2": ArrayRecord()})
+
+
+@pytest.mark.parametrize("kind_name", ["ArrayRecord", "ConfigRecord", "MetricRecord"])
+def test_records_read_directly_are_flowers_typed_views(kind_name):
+    import flwr.app
+
+    from fedvls_flwr.app.messages import has_record, names_of, record_in
+
+    kind = getattr(flwr.app, kind_name)
+    content = _content()
+    view = {"ArrayRecord": content.array_records, "ConfigRecord": content.config_records,
+            "MetricRecord": content.metric_records}[kind_name]
+    assert names_of(content, kind) == list(view)
+    for name in ["w", "c", "m", "w2", "absent"]:
+        assert has_record(content, name, kind) == (name in view)
+        if name in view:
+            assert record_in(content, name, kind) is view[name]
+        else:  # absent, or a record of another kind: KeyError, as Flower's view raises
+            with pytest.raises(KeyError):
+                view[name]
+            with pytest.raises(KeyError):
+                record_in(content, name, kind)
+
+
+def test_a_config_with_changes_leaves_its_base_alone_and_checks_the_changes():
+    from flwr.app import ConfigRecord
+
+    from fedvls_flwr.app.messages import config_with
+
+    base = ConfigRecord({"a": 1, "l": [1, 2], "s": "x"})
+    got = config_with(base, {"s": "y", "new": 2.5})
+    assert list(got.items()) == [("a", 1), ("l", [1, 2]), ("s", "y"), ("new", 2.5)]
+    got["l"].append(3)  # its own list
+    assert dict(base) == {"a": 1, "l": [1, 2], "s": "x"}
+    with pytest.raises(TypeError):
+        config_with(base, {"bad": object()})  # a change is checked as Flower checks a value set

@@ -23,7 +23,7 @@ from fedvls_flwr.algorithms.run_model import build_run_model
 from fedvls_flwr.algorithms.training import evaluate, resolve_device, to_device
 from fedvls_flwr.app import keys
 from fedvls_flwr.app.events import CLIENT_DATA, emit
-from fedvls_flwr.app.messages import MetricValue, array_values, arrays_in, config_in, integer
+from fedvls_flwr.app.messages import MetricValue, array_values, arrays_in, config_in, has_record, integer, names_of
 from fedvls_flwr.config.registry import site_shares
 from fedvls_flwr.config.run_config import RunConfig, parse_run_config
 from fedvls_flwr.data.node_config import parse_node_config
@@ -87,7 +87,7 @@ def load_client_state(record: RecordDict | None) -> ClientState:
     state = ClientState()
     if record is None:
         return state
-    for name in record.array_records:
+    for name in names_of(record, ArrayRecord):
         if name.startswith(keys.CLIENT_STATE):
             kind = name[len(keys.CLIENT_STATE):]
             values = {key: _read_state_array(arr) for key, arr in arrays_in(record, name).items()}
@@ -101,12 +101,12 @@ def save_client_state(record: RecordDict, state: ClientState) -> None:
     keeps nothing now has its record removed, and a kind whose part kept the values it was given
     (the same tensors, not changed in place) keeps its record as it is - FedConcat's frozen
     encoders, which cost more to encode again than a head round's training."""
-    for name in [n for n in record.array_records if n.startswith(keys.CLIENT_STATE)]:
+    for name in [n for n in names_of(record, ArrayRecord) if n.startswith(keys.CLIENT_STATE)]:
         if name[len(keys.CLIENT_STATE):] not in state.kept:
             del record[name]
     for kind, kept in state.kept.items():
         name = keys.CLIENT_STATE + kind
-        if name in record.array_records and _as_loaded(kept, state.loaded.get(kind)):
+        if has_record(record, name, ArrayRecord) and _as_loaded(kept, state.loaded.get(kind)):
             continue
         record[name] = ArrayRecord({k: v.detach().cpu() for k, v in kept.items()})
 
@@ -129,10 +129,10 @@ def _as_loaded(kept: Mapping[str, torch.Tensor], loaded: Mapping[str, tuple[torc
 def received_downlink(content: RecordDict, device: torch.device) -> Received:
     """What the run's parts sent besides the weights (algorithms/downlink.py); empty if nothing."""
     received = Received()
-    if keys.DOWNLINK in content.array_records:
+    if has_record(content, keys.DOWNLINK, ArrayRecord):
         received.arrays = {k: to_device(v, device) for k, v in
                            torch_state_dict(arrays_in(content, keys.DOWNLINK)).items()}
-    if keys.DOWNLINK_VALUES in content.config_records:
+    if has_record(content, keys.DOWNLINK_VALUES, ConfigRecord):
         received.values = {k: float(v) for k, v in config_in(content, keys.DOWNLINK_VALUES).items()}  # type: ignore[arg-type]
     return received
 
@@ -247,7 +247,7 @@ def query_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDict:
     server can tell before round 1 that a GPU would go unused."""
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     metrics: dict[str, MetricValue] = {keys.PARTITION_ID: node_identity(node_config)}
-    config = dict(config_in(content, keys.CONFIG)) if keys.CONFIG in content.config_records else {}
+    config = dict(config_in(content, keys.CONFIG)) if has_record(content, keys.CONFIG, ConfigRecord) else {}
     wanted = {w for w in str(config.get(keys.WANT_SHARES, "")).split(",") if w}
     if wanted:
         # only what the run's parts declare (Part.shares) leaves the site, whatever is asked

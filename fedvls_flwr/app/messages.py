@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import sys
 import time
+from typing import Any, TypeVar
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -129,16 +130,53 @@ def short_reason(reason: str, limit: int = 600) -> str:
 MetricValue = int | float | list[int] | list[float]
 
 
+# Read directly: Flower's typed views (``content.metric_records`` ...) build a dictionary of every
+# record of that kind, checking each, on every access - tens of µs, dozens of times a round.
+Record = TypeVar("Record", ArrayRecord, ConfigRecord, MetricRecord)
+
+
+def record_in(content: RecordDict, key: str, kind: type[Record]) -> Record:
+    """``content``'s record ``key`` if it is a ``kind``; KeyError otherwise, as Flower's
+    ``content.<kind>_records[key]``."""
+    record = content.get(key)
+    if not isinstance(record, kind):
+        raise KeyError(key)
+    return record
+
+
+def has_record(content: RecordDict, key: str, kind: type[ArrayRecord | ConfigRecord | MetricRecord]) -> bool:
+    """Whether ``content`` holds a ``kind`` named ``key`` (``key in content.<kind>_records``)."""
+    return isinstance(content.get(key), kind)
+
+
+def names_of(content: RecordDict, kind: type[ArrayRecord | ConfigRecord | MetricRecord]) -> list[str]:
+    """The names of ``content``'s records of ``kind``, in order (``list(content.<kind>_records)``)."""
+    return [name for name, record in content.items() if isinstance(record, kind)]
+
+
+def config_with(base: ConfigRecord, changes: dict[str, Any]) -> ConfigRecord:
+    """``base``'s values with ``changes`` on top, ``base`` left as it is: Flower's own copy of
+    it (its values were checked when they were set; each list copied) with only the changes
+    checked - a run config's ~90 values are not checked again in every round."""
+    record = base.copy()
+    for key, value in base.items():
+        if type(value) is list:
+            record[key] = list(value)  # type: ignore[assignment]
+    for key, value in changes.items():
+        record[key] = value
+    return record
+
+
 def arrays_in(content: RecordDict, key: str) -> ArrayRecord:
-    return content.array_records[key]
+    return record_in(content, key, ArrayRecord)
 
 
 def metrics_in(content: RecordDict, key: str) -> MetricRecord:
-    return content.metric_records[key]
+    return record_in(content, key, MetricRecord)
 
 
 def config_in(content: RecordDict, key: str) -> ConfigRecord:
-    return content.config_records[key]
+    return record_in(content, key, ConfigRecord)
 
 
 def number(value: object) -> float:

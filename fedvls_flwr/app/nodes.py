@@ -8,13 +8,23 @@ import math
 import time
 from logging import INFO, WARNING
 
-from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from fedvls_flwr.app import keys
 from fedvls_flwr.app.federation import same_partition, too_few_nodes
-from fedvls_flwr.app.messages import exchange, integer, is_simulation, metrics_in, numbers, short_reason
+from fedvls_flwr.app.messages import (
+    config_in,
+    config_with,
+    exchange,
+    has_record,
+    integer,
+    is_simulation,
+    metrics_in,
+    numbers,
+    short_reason,
+)
 from fedvls_flwr.config.registry import site_shares
 from fedvls_flwr.config.run_config import RunConfig
 
@@ -35,9 +45,13 @@ class NodeDirectory:
         self.cfg = cfg
         self.partitions: dict[int, int] = {}  # node id -> partition id
         self.federation_assembled = False
+        self._run_config: tuple[RunConfig, ConfigRecord] | None = None
 
     def round_config(self, server_round: int) -> ConfigRecord:
-        return ConfigRecord({**self.cfg.to_flower(), keys.SERVER_ROUND: server_round})
+        """The run config and the round, for a round's messages (a new record each time)."""
+        if self._run_config is None or self._run_config[0] is not self.cfg:
+            self._run_config = (self.cfg, ConfigRecord(self.cfg.to_flower()))
+        return config_with(self._run_config[1], {keys.SERVER_ROUND: server_round})
 
     def query_nodes(self, grid: Grid, node_ids: list[int], connected: list[int] | None = None) -> dict[int, str]:
         """Ask ``node_ids`` who they are (one query message each; the ClientApp answers from
@@ -51,12 +65,12 @@ class NodeDirectory:
             if reply.has_error():
                 continue
             node_id = reply.metadata.src_node_id
-            if keys.METRICS in reply.content.metric_records:
+            if has_record(reply.content, keys.METRICS, MetricRecord):
                 metrics = metrics_in(reply.content, keys.METRICS)
                 if keys.PARTITION_ID in metrics:
                     self.partitions[node_id] = integer(metrics[keys.PARTITION_ID])
-            if keys.CLIENT_INFO in reply.content.config_records:
-                devices[node_id] = str(reply.content.config_records[keys.CLIENT_INFO].get(keys.DEVICE, "?"))
+            if has_record(reply.content, keys.CLIENT_INFO, ConfigRecord):
+                devices[node_id] = str(config_in(reply.content, keys.CLIENT_INFO).get(keys.DEVICE, "?"))
         connected = node_ids if connected is None else connected
         for node in node_ids:
             if (twin := same_partition(self.partitions, node, connected)) is not None and (
@@ -147,7 +161,7 @@ class NodeDirectory:
                     for n in node_ids]
         stats: dict[int, dict[str, list[int]]] = {}
         for reply in exchange(grid, messages, self.cfg.round_timeout):
-            if reply.has_error() or keys.METRICS not in reply.content.metric_records:
+            if reply.has_error() or not has_record(reply.content, keys.METRICS, MetricRecord):
                 log(WARNING, "%s did not share %s: %s", self.name(reply.metadata.src_node_id), ", ".join(wanted),
                     short_reason(reply.error.reason or "no reason given") if reply.has_error() else "no metrics")
                 continue

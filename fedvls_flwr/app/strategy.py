@@ -44,7 +44,10 @@ from fedvls_flwr.app.events import ROUND_START, emit
 from fedvls_flwr.app.federation import pool_evaluations, same_partition
 from fedvls_flwr.app.messages import (
     arrays_in,
+    config_in,
+    config_with,
     exchange,
+    has_record,
     integer,
     metrics_in,
     number,
@@ -135,7 +138,7 @@ class RunStrategy(Strategy):
         def record_for(a: Assignment) -> RecordDict:
             if id(a) not in records:
                 sent = arrays if a.arrays is None else to_array_record(a.arrays)
-                records[id(a)] = record = RecordDict({keys.ARRAYS: sent, keys.CONFIG: ConfigRecord({**base, **a.config})})
+                records[id(a)] = record = RecordDict({keys.ARRAYS: sent, keys.CONFIG: config_with(base, a.config)})
                 if self._downlink:
                     record[keys.DOWNLINK] = to_array_record(self._downlink.arrays)
                     record[keys.DOWNLINK_VALUES] = ConfigRecord(dict(self._downlink.values))
@@ -194,7 +197,7 @@ class RunStrategy(Strategy):
         its numbers, a partition already accepted) or the :class:`Reply` to aggregate."""
         node_id = self._node_of(msg)
         node = str(node_id)
-        if not msg.has_error() and keys.METRICS in msg.content.metric_records:
+        if not msg.has_error() and has_record(msg.content, keys.METRICS, MetricRecord):
             metrics = metrics_in(msg.content, keys.METRICS)
             if keys.PARTITION_ID in metrics:
                 self.nodes.partitions[node_id] = integer(metrics[keys.PARTITION_ID])
@@ -268,8 +271,8 @@ class RunStrategy(Strategy):
             info["local_per_class_accuracy"] = numbers(metrics[keys.LOCAL_PER_CLASS_ACCURACY])
         if keys.PEAK_GPU_MB in metrics:
             info["peak_gpu_mb"] = number(metrics[keys.PEAK_GPU_MB])
-        if keys.CLIENT_INFO in content.config_records:
-            said = content.config_records[keys.CLIENT_INFO]
+        if has_record(content, keys.CLIENT_INFO, ConfigRecord):
+            said = config_in(content, keys.CLIENT_INFO)
             info["device"] = str(said.get(keys.DEVICE, "?"))
             if keys.NODE in said:  # "node" is Flower's node id here: this is the machine
                 info["ran_on"] = str(said[keys.NODE])
@@ -277,7 +280,7 @@ class RunStrategy(Strategy):
 
     @staticmethod
     def _parse(node: str, content: RecordDict) -> tuple[Reply | None, str | None]:
-        if keys.ARRAYS not in content.array_records or keys.METRICS not in content.metric_records:
+        if not has_record(content, keys.ARRAYS, ArrayRecord) or not has_record(content, keys.METRICS, MetricRecord):
             return None, (f"reply lacks the '{keys.ARRAYS}' ArrayRecord or the "
                           f"'{keys.METRICS}' MetricRecord")
         metrics = dict(metrics_in(content, keys.METRICS))
@@ -361,7 +364,7 @@ class RunStrategy(Strategy):
     @staticmethod
     def pool_evaluations(replies: Iterable[Message]) -> dict:
         return pool_evaluations([dict(m.content[keys.METRICS]) for m in replies
-                                 if not m.has_error() and keys.METRICS in m.content.metric_records])
+                                 if not m.has_error() and has_record(m.content, keys.METRICS, MetricRecord)])
 
     def evaluate_federated(self, grid: Grid, arrays: ArrayRecord, server_round: int) -> dict:
         """The global model on every node's local test split, pooled per class."""

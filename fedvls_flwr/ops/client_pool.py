@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
-from flwr.app import Context, Error, Message, RecordDict
+from flwr.app import ArrayRecord, Context, Error, Message, RecordDict
 from flwr.app.message import make_message
 from flwr.common.constant import ErrorCode
 
@@ -125,6 +125,12 @@ class _Slot:
     reply_bytes: int = 0                              # the largest reply's arrays so far
     shared_memory: bool = True                        # False: no room in /dev/shm, the socket only
 
+
+
+def _holds_arrays(state: RecordDict) -> bool:
+    """Whether a node's state holds arrays (read directly: Flower's ``state.array_records``
+    builds a checked dictionary of them every time, and the scheduler asks often)."""
+    return any(isinstance(record, ArrayRecord) for record in state.values())
 
 class ClientPool:
     """The plan's workers, each fed by one thread of this process; see the module docstring.
@@ -282,7 +288,7 @@ class ClientPool:
                     for i, task in enumerate(self._pending):
                         if task.context.node_id in self._busy_nodes:  # one node's messages one at a time
                             continue
-                        if queued and (any(n not in slot.has for n, _ in task.blobs) or task.context.state.array_records):
+                        if queued and (any(n not in slot.has for n, _ in task.blobs) or _holds_arrays(task.context.state)):
                             return None
                         self._busy_nodes.add(task.context.node_id)
                         return self._pending.pop(i)

@@ -17,7 +17,7 @@ and set, and put back afterwards).
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -63,7 +63,9 @@ def records_copy(content: RecordDict) -> RecordDict:
     records: dict[str, ArrayRecord | ConfigRecord | MetricRecord] = {}
     for name, record in content.items():
         if isinstance(record, ArrayRecord):
-            records[name] = ArrayRecord({key: copy.copy(array) for key, array in record.items()})
+            arrays = records[name] = ArrayRecord()  # set one by one: the dict constructor builds it twice
+            for key, array in record.items():
+                arrays[key] = copy.copy(array)
         else:
             records[name] = values_copy(record)
     return RecordDict(records)
@@ -71,20 +73,37 @@ def records_copy(content: RecordDict) -> RecordDict:
 
 #: What protobuf's sint64 holds: such an int comes back as it went.
 _SINT64 = (-(2**63), 2**63)
-_CONFIG_KINDS = (int, float, str, bytes, bool)
-_METRIC_KINDS = (int, float)
+_CONFIG_KINDS = frozenset((int, float, str, bytes, bool))
+_METRIC_KINDS = frozenset((int, float))
 
 
-def _sent_as_is(value: object, kinds: tuple[type, ...]) -> bool:
-    """Whether the wire gives ``value`` back unchanged: a scalar of exactly a plain kind (not
-    numpy's float64, an enum, a subclass), ints in sint64's range; a non-empty list of one such
-    kind (the wire types a list by its first value: ``[1, True]`` comes back ``[1, 1]``)."""
-    values: list[Any] = value if isinstance(value, list) else [value]
+def _list_sent_as_is(values: list[Any], kinds: frozenset[type]) -> bool:
+    """A non-empty list of one plain kind (the wire types a list by its first value: ``[1,
+    True]`` comes back ``[1, 1]``), its ints in sint64's range."""
     if not values:
         return False
     kind = type(values[0])
     return (kind in kinds and all(type(v) is kind for v in values)
             and (kind is not int or all(_SINT64[0] <= v < _SINT64[1] for v in values)))
+
+
+def _all_sent_as_is(values: Iterable[Any], kinds: frozenset[type]) -> bool:
+    """Whether the wire gives every value back unchanged: a scalar of exactly a plain kind (not
+    numpy's float64, an enum, a subclass), an int in sint64's range, a list as
+    :func:`_list_sent_as_is` says. One pass, no call per scalar: a run config's ~90 values are
+    checked in every message."""
+    low, high = _SINT64
+    for value in values:
+        kind = type(value)
+        if kind is int:
+            if not low <= value < high:
+                return False
+        elif kind is list:
+            if not _list_sent_as_is(value, kinds):
+                return False
+        elif kind not in kinds:
+            return False
+    return True
 
 
 def _as_sent(record: ConfigRecord | MetricRecord) -> ConfigRecord | MetricRecord:
@@ -93,7 +112,7 @@ def _as_sent(record: ConfigRecord | MetricRecord) -> ConfigRecord | MetricRecord
     enum, a list the wire types by its first value) or refuses (a value put into a list after
     it was checked, an int beyond what the wire holds) as ``flwr run`` would."""
     kinds = _CONFIG_KINDS if isinstance(record, ConfigRecord) else _METRIC_KINDS
-    if type(record) in (ConfigRecord, MetricRecord) and all(_sent_as_is(v, kinds) for v in record.values()):
+    if type(record) in (ConfigRecord, MetricRecord) and _all_sent_as_is(record.values(), kinds):
         return record
     if isinstance(record, ConfigRecord):
         return serde.config_record_from_proto(serde.config_record_to_proto(record))
@@ -102,13 +121,14 @@ def _as_sent(record: ConfigRecord | MetricRecord) -> ConfigRecord | MetricRecord
 
 def values_copy(record: ConfigRecord | MetricRecord) -> ConfigRecord | MetricRecord:
     """A config or metric record as a transport delivers it (:func:`_as_sent`). Where every
-    value comes back as it went, a deep copy with every list its own (two keys that share a list
-    get one each, as from the wire) - rebuilding it would check its ~90 values again in every
-    message (0.2 ms against 0.04 ms)."""
+    value comes back as it went, Flower's own shallow ``copy()`` (its scalars are immutable) with
+    every list its own (two keys that share a list get one each, as from the wire): rebuilding
+    it, or a deep copy, would check its ~90 values again one by one in every message (150 µs
+    against 20 µs, most of it the check above)."""
     sent = _as_sent(record)
     if sent is not record:
         return sent
-    copied = copy.deepcopy(record)
+    copied = record.copy()
     for key, value in record.items():
         if type(value) is list:
             copied[key] = list(value)  # type: ignore[assignment]
