@@ -363,6 +363,10 @@ MUTATIONS: list[Mutation] = [
              "ConfigRecord named like the expected MetricRecord is taken for it",
              "fedvls_flwr/app/messages.py", "    if not isinstance(record, kind):\n        raise KeyError(key)",
              "    if record is None:\n        raise KeyError(key)", ("tests/test_messages.py",)),
+    Mutation("npy-header-by-dtype-only", "engine", "an array's kept npy header is reused for any array of its "
+             "dtype: a reply's array of another shape carries the first one's shape",
+             "fedvls_flwr/app/messages.py", "    key = (dtype.str, value.shape)", "    key = (dtype.str, ())",
+             ("tests/test_messages.py",)),
     Mutation("worker-message-not-as-sent", "engine", "with client workers a node's message keeps numpy scalars and "
              "subclasses in its config, and a value put into a list after Flower checked it gets through, where "
              "flwr run converts or refuses them",

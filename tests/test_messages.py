@@ -72,3 +72,32 @@ def test_a_config_with_changes_leaves_its_base_alone_and_checks_the_changes():
     assert dict(base) == {"a": 1, "l": [1, 2], "s": "x"}
     with pytest.raises(TypeError):
         config_with(base, {"bad": object()})  # a change is checked as Flower checks a value set
+
+
+# ---- arrays encoded as Flower encodes them, without np.save's header every time
+ENCODE_CASES = {**CASES, "int64 vector": np.arange(5), "float32 matrix again": np.ones((3, 4), np.float32),
+                "bool 0-d": np.array(True), "uint16 3-d": np.arange(24, dtype=np.uint16).reshape(2, 3, 4),
+                "long shape": np.zeros((1,) * 20, np.float64), "complex": np.array([1 + 2j, 3j])}
+
+
+@pytest.mark.parametrize("name", sorted(ENCODE_CASES))
+def test_an_array_is_encoded_byte_for_byte_as_flower_encodes_it(name):
+    from fedvls_flwr.app.messages import npy_array
+
+    value = ENCODE_CASES[name]
+    for attempt in range(2):  # the first builds the header, the second reuses it
+        ours, flowers = npy_array(value.copy(order="K") if attempt else value), Array.from_numpy_ndarray(value)
+        assert (ours.dtype, ours.shape, ours.stype, ours.data) == (flowers.dtype, flowers.shape, flowers.stype, flowers.data)
+        assert np.array_equal(ours.numpy(), value)
+
+
+def test_a_reused_header_follows_the_arrays_dtype_and_shape():
+    from fedvls_flwr.app.messages import npy_array, numpy_record
+
+    a, b = np.zeros((2, 3), np.float32), np.zeros((3, 2), np.float32)
+    npy_array(a)
+    npy_array(np.zeros((2, 3), ">f4"))
+    for value in (b, a.astype(np.float64), np.zeros((2, 3), ">f4"), np.zeros((2, 3), np.float32)):
+        assert npy_array(value).data == Array.from_numpy_ndarray(value).data
+    record = numpy_record({"a": a, "b": b})
+    assert list(record) == ["a", "b"] and record["b"].numpy().shape == (3, 2)

@@ -23,7 +23,7 @@ from fedvls_flwr.algorithms.run_model import build_run_model
 from fedvls_flwr.algorithms.training import evaluate, resolve_device, to_device
 from fedvls_flwr.app import keys
 from fedvls_flwr.app.events import CLIENT_DATA, emit
-from fedvls_flwr.app.messages import MetricValue, array_values, arrays_in, config_in, has_record, integer, names_of
+from fedvls_flwr.app.messages import MetricValue, array_values, arrays_in, config_in, has_record, integer, names_of, numpy_record
 from fedvls_flwr.config.registry import site_shares
 from fedvls_flwr.config.run_config import RunConfig, parse_run_config
 from fedvls_flwr.data.node_config import parse_node_config
@@ -108,7 +108,7 @@ def save_client_state(record: RecordDict, state: ClientState) -> None:
         name = keys.CLIENT_STATE + kind
         if has_record(record, name, ArrayRecord) and _as_loaded(kept, state.loaded.get(kind)):
             continue
-        record[name] = ArrayRecord({k: v.detach().cpu() for k, v in kept.items()})
+        record[name] = numpy_record({k: v.detach().cpu().numpy() for k, v in kept.items()})
 
 
 def _as_loaded(kept: Mapping[str, torch.Tensor], loaded: Mapping[str, tuple[torch.Tensor, int]] | None) -> bool:
@@ -184,8 +184,9 @@ def train_round(content: RecordDict, node_config: dict[str, Any], client_state: 
     if cfg.local_eval and outcome.model is not None:
         # The paper's local-update view: this client's updated model on the test set.
         metrics[keys.LOCAL_PER_CLASS_ACCURACY] = local_test_per_class(cfg, outcome.model, device)
+    weights = numpy_record({k: v.detach().cpu().numpy() for k, v in outcome.weights.items()})
     return RecordDict({
-        keys.ARRAYS: ArrayRecord(outcome.weights), keys.METRICS: MetricRecord(metrics),
+        keys.ARRAYS: weights, keys.METRICS: MetricRecord(metrics),
         keys.CLIENT_INFO: client_info(device),
     })
 
