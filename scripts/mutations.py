@@ -81,7 +81,7 @@ MUTATIONS: list[Mutation] = [
              (*AGG, "tests/test_batchnorm.py")),
     Mutation("broadcast-0d-as-1d", "aggregation", "the broadcast record turns 0-d arrays into shape (1,)",
              "fedvls_flwr/app/messages.py",
-             'Array(np.require(value, requirements="C"))', "Array(np.ascontiguousarray(value))",
+             'np.require(value, requirements="C")', "np.ascontiguousarray(value)",
              ("tests/test_batchnorm.py", *STRAT)),
     Mutation("server-optimizer-touches-integers", "aggregation", "FedAdam steps integer buffers like weights",
              "fedvls_flwr/algorithms/server_optim.py",
