@@ -50,7 +50,7 @@ PHASES: tuple[tuple[str, str, str, int], ...] = (
     ("fedvls_flwr.app.client", "build_protocol", "the protocol built", 1),
     ("fedvls_flwr.algorithms.fedconcat", "FedConcat.client_train", "FedConcat's client step (model lookup, 3 head steps)", 1),
     ("fedvls_flwr.app.client", "save_client_state", "the node's kept state saved", 1),
-    ("fedvls_flwr.app.client", "ArrayRecord", "the reply's arrays encoded", 1),
+    ("fedvls_flwr.app.client", "numpy_record", "the reply's arrays encoded", 1),
     ("fedvls_flwr.app.client", "MetricRecord", "the reply's metrics", 1),
     ("fedvls_flwr.app.strategy", "RunStrategy.aggregate_train", "server: replies checked and averaged", 0),
     ("fedvls_flwr.app.server", "ServerRun.evaluate_global", "server: the global model's evaluation", 0),

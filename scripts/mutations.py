@@ -367,6 +367,10 @@ MUTATIONS: list[Mutation] = [
              "dtype: a reply's array of another shape carries the first one's shape",
              "fedvls_flwr/app/messages.py", "    key = (dtype.str, value.shape)", "    key = (dtype.str, ())",
              ("tests/test_messages.py",)),
+    Mutation("run-config-dict-shared", "engine", "to_flower gives every caller the one dict it keeps: a caller "
+             "that changes its copy changes what the next message carries",
+             "fedvls_flwr/config/run_config.py", "        return dict(flower)", "        return flower",
+             ("tests/test_config.py",)),
     Mutation("worker-message-not-as-sent", "engine", "with client workers a node's message keeps numpy scalars and "
              "subclasses in its config, and a value put into a list after Flower checked it gets through, where "
              "flwr run converts or refuses them",

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from fedvls_flwr.config.run_config import ConfigError, RunConfig, parse_run_config, resolve_path
+from fedvls_flwr.config.run_config import SETTINGS, ConfigError, RunConfig, parse_run_config, resolve_path
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -154,3 +154,12 @@ def test_seed_integers_and_near_miss_keys(override, fragment):
     with pytest.raises(ConfigError) as err:
         parse_run_config(override)
     assert fragment in str(err.value)
+
+
+def test_to_flower_is_a_new_dict_each_time_and_follows_replace():
+    cfg = parse_run_config({"seed": 3})
+    first = cfg.to_flower()
+    first["seed"] = 99  # the caller's own dict: the config and its next to_flower are unchanged
+    assert cfg.to_flower()["seed"] == 3 == cfg.seed
+    assert cfg.replace(seed=5).to_flower()["seed"] == 5
+    assert cfg.to_flower() == {s.key: getattr(cfg, s.name) for s in SETTINGS}

@@ -140,7 +140,7 @@ def received_downlink(content: RecordDict, device: torch.device) -> Received:
 def train_round(content: RecordDict, node_config: dict[str, Any], client_state: RecordDict | None = None) -> RecordDict:
     """One round of local training. ``client_state``: Flower's ``Context.state`` of this
     node, read and updated for the methods that keep state between rounds."""
-    config = dict(config_in(content, keys.CONFIG))
+    config = dict(config_in(content, keys.CONFIG).items())  # items(): not Flower's checked lookup per key
     cfg = parse_run_config(config, strict=False)
     server_round = integer(config.get(keys.SERVER_ROUND, 0))
     if cfg.torch_threads > 0:

@@ -54,8 +54,13 @@ class RunConfig(RunConfigFields):
     is run-config key ``foo-bar``; the fields come from the declarations (:data:`SETTINGS`)."""
 
     def to_flower(self) -> dict[str, Any]:
-        """The config as kebab-case keys with plain values (for ConfigRecord / JSON)."""
-        return {s.key: getattr(self, s.name) for s in SETTINGS}
+        """The config as kebab-case keys with plain values (for ConfigRecord / JSON): a new dict
+        each time, built once per config (it is frozen; a client asks for it every message)."""
+        flower = self.__dict__.get("_flower")
+        if flower is None:
+            flower = {s.key: getattr(self, s.name) for s in SETTINGS}
+            object.__setattr__(self, "_flower", flower)
+        return dict(flower)
 
     def resolved_data_dir(self) -> Path:
         return resolve_path(self.data_dir)
