@@ -91,6 +91,17 @@ def test_an_array_is_encoded_byte_for_byte_as_flower_encodes_it(name):
         assert np.array_equal(ours.numpy(), value)
 
 
+def test_what_flower_refuses_or_saves_its_own_way_is_left_to_flower():
+    from fedvls_flwr.app.messages import npy_array
+
+    npy_array(np.array(1.0, np.float32))  # a header for (float32, ()) is kept
+    with pytest.raises(AssertionError):  # a numpy scalar is not an ndarray, for Flower too
+        npy_array(np.float32(2.0))
+    masked = np.ma.array([1.0, 2.0, 3.0], mask=[0, 1, 0])
+    npy_array(masked.data)  # a header for (float64, (3,)) is kept
+    assert npy_array(masked).data == Array.from_numpy_ndarray(masked).data  # np.save writes the raw values
+
+
 def test_a_reused_header_follows_the_arrays_dtype_and_shape():
     from fedvls_flwr.app.messages import npy_array, numpy_record
 

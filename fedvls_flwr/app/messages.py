@@ -116,8 +116,8 @@ def npy_array(value: np.ndarray) -> Array:
     values, so the header np.save wrote for the first such array is kept and reused (np.save
     costs about 20 µs an array, and every reply, state and global model is made of them)."""
     dtype = value.dtype
-    if dtype.hasobject or dtype.fields is not None or not value.flags.c_contiguous:
-        return Array.from_numpy_ndarray(value)
+    if type(value) is not np.ndarray or dtype.hasobject or dtype.fields is not None or not value.flags.c_contiguous:
+        return Array.from_numpy_ndarray(value)  # a subclass (a masked array), a scalar: as Flower takes it
     key = (dtype.str, value.shape)
     header = _NPY_HEADERS.get(key)
     if header is None:

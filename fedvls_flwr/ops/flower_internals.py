@@ -58,8 +58,8 @@ def own_copy(message: Message) -> Message:
 
 def records_copy(content: RecordDict) -> RecordDict:
     """``content`` with every record new: an ``Array``'s fields are replaced, never changed in
-    place, so a copied ``Array`` may share its bytes; a config's or metric's values are what
-    the wire gives back (:func:`values_copy`)."""
+    place, so a copied ``Array`` may share its bytes (and Flower's read-only cache of them); a
+    config's or metric's values are what the wire gives back (:func:`values_copy`)."""
     records: dict[str, ArrayRecord | ConfigRecord | MetricRecord] = {}
     for name, record in content.items():
         if isinstance(record, ArrayRecord):
