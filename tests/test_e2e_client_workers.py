@@ -4,7 +4,8 @@ client that worker held, the worker is started again, and the run completes; wit
 allowed, the round is trained again and the run computes what an undisturbed run computes, bit
 for bit. A node's state (the client state of each kind in its ``Context.state``: MOON's previous
 model, carried momentum) follows the node to whichever worker serves it: the same run on one
-worker computes the same, bit for bit, while the nodes did move between workers.
+worker computes the same, bit for bit, while the nodes did move between workers (the recording
+ClientApp paces the nodes so that they do, whatever the machine's timing).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def test_a_round_retried_after_a_killed_worker_computes_what_an_undisturbed_run_
 
 STATE_CONFIGS = {
     "moon-previous-model": {"method": "moon"},
-    "carried-momentum-half-the-nodes": {"method": "fedavg", "optimizer-state": "carry", "fraction-train": 0.5},
+    "carried-momentum-3-of-4-nodes": {"method": "fedavg", "optimizer-state": "carry", "fraction-train": 0.75},
 }
 
 
@@ -84,9 +85,10 @@ def test_a_nodes_state_follows_it_to_whichever_worker_serves_it(name, tmp_path, 
     assert pooled.workers.startswith("2 workers") and pooled.extra["crashes"] == []
     pids: dict[str, set[str]] = {}
     for line in served.read_text().splitlines():
-        partition, pid = line.split()
+        _, partition, pid = line.split()
         pids.setdefault(partition, set()).add(pid)
-    assert len(set().union(*pids.values())) == 2 and any(len(p) > 1 for p in pids.values()), pids  # nodes moved
+    # the recording app paces the nodes so that they move between workers on any machine
+    assert len(set().union(*pids.values())) == 2 and any(len(p) > 1 for p in pids.values()), pids
     one, two = read_rounds(tmp_path / "one"), read_rounds(tmp_path / "pooled")
     assert len(one) == 5 and [{k: v for k, v in r.items() if k != "seconds"} for r in one] == \
         [{k: v for k, v in r.items() if k != "seconds"} for r in two]
