@@ -371,6 +371,14 @@ MUTATIONS: list[Mutation] = [
              "that changes its copy changes what the next message carries",
              "fedvls_flwr/config/run_config.py", "        return dict(flower)", "        return flower",
              ("tests/test_config.py",)),
+    Mutation("events-built-unseen", "engine", "a structured event is built and logged at DEBUG whether or not a "
+             "handler shows DEBUG (a JSON line a client, for nobody)",
+             "fedvls_flwr/app/events.py", "    if _shown(logging.DEBUG):", "    if _logger.isEnabledFor(logging.DEBUG):",
+             ("tests/test_events.py",)),
+    Mutation("events-ignore-propagate", "engine", "an event goes on to the root's handlers although Flower's logger "
+             "does not propagate (a record built that no handler gets)",
+             "fedvls_flwr/app/events.py", "        if not logger.propagate:\n            break\n", "",
+             ("tests/test_events.py",)),
     Mutation("worker-message-not-as-sent", "engine", "with client workers a node's message keeps numpy scalars and "
              "subclasses in its config, and a value put into a list after Flower checked it gets through, where "
              "flwr run converts or refuses them",

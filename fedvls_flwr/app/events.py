@@ -25,9 +25,30 @@ _logger = logging.getLogger("flwr")
 
 def emit(kind: str, **fields: Any) -> None:
     """At DEBUG level: the breakdown reads logs taken with ``FLWR_LOG_LEVEL=DEBUG`` (``deploy
-    local --debug-logs``), and a user's ``flwr run --stream`` is spared a JSON line per phase."""
-    if _logger.isEnabledFor(logging.DEBUG):
+    local --debug-logs``), and a user's ``flwr run --stream`` is spared a JSON line per phase.
+    Built only when a handler would show it: Flower's logger itself is at DEBUG whatever its
+    console shows, and a line per client costs a FedConcat head round about a millisecond."""
+    if _shown(logging.DEBUG):
         _logger.debug("%s%s", EVENT_PREFIX, json.dumps({"event": kind, "t": time.time(), **fields}))
+
+
+def _shown(level: int) -> bool:
+    """Whether a record of ``level`` from Flower's logger reaches a handler that takes it (the
+    walk ``Logger.callHandlers`` makes; a handler's own filters may still drop it)."""
+    if not _logger.isEnabledFor(level):
+        return False
+    logger: logging.Logger | None = _logger
+    any_handler = False
+    while logger is not None:
+        for handler in logger.handlers:
+            any_handler = True
+            if level >= handler.level:
+                return True
+        if not logger.propagate:
+            break
+        logger = logger.parent
+    last = logging.lastResort
+    return not any_handler and last is not None and level >= last.level
 
 
 def parse_events(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
