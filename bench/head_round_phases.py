@@ -185,7 +185,7 @@ ABLATIONS: dict[str, tuple[Callable[[], None], ...]] = {
         (_files_not_written,),
     "each message's random generators not kept apart (torch, numpy, random: saved and restored per message)":
         (_generators_shared,),
-    "no structured events (a JSON log line per client and per round, built even when nobody shows DEBUG)": (_no_events,),
+    "no structured events (a JSON log line a client and a round; built only when a handler shows DEBUG)": (_no_events,),
     "all three switched off": (_files_not_written, _generators_shared, _no_events),
 }
 
