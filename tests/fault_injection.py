@@ -9,7 +9,10 @@ process's environment. ``FEDVLS_INJECT_FAULT`` in the Flower processes' environm
 in that round, ``nan`` makes it reply with NaN weights, ``kill`` kills the process that trains
 it (SIGKILL, as the kernel's out-of-memory killer does) - once per entry when
 ``FEDVLS_INJECT_FAULT_ONCE`` names a folder (a marker file there says it happened), so that a
-retried round goes through; only for the in-process engine's client workers.
+retried round goes through; only for the in-process engine's client workers. ``hold`` makes that
+partition's training wait ``HOLD_SECONDS`` first: a test that kills a run after round R is saved
+holds round R + 1 (partition ``*``: every partition), so the kill lands while R + 1 trains
+however fast or slow the machine is, and a run that is not killed fails on its round timeout.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import time
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +30,8 @@ from fedvls_flwr.app import keys
 
 FAULT_ENV = "FEDVLS_INJECT_FAULT"
 ONCE_ENV = "FEDVLS_INJECT_FAULT_ONCE"
+#: How long a ``hold`` waits: longer than any test waits for a kill.
+HOLD_SECONDS = 600.0
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 FAULT_CLIENT_APP = '''"""Test-only ClientApp: the project's handlers, with the fault-injection mod first."""
 from flwr.clientapp import ClientApp
@@ -75,7 +81,7 @@ def fault_client_app():
 def planned_fault(partition_id: int, server_round: int) -> str | None:
     for entry in filter(None, os.environ.get(FAULT_ENV, "").split(",")):
         kind, pid, rnd = entry.split(":")
-        if int(pid) == partition_id and int(rnd) == server_round:
+        if pid in ("*", str(partition_id)) and int(rnd) == server_round:
             return kind
     return None
 
@@ -90,6 +96,8 @@ def inject_faults(msg: Message, context: Context, call_next) -> Message:
         raise RuntimeError(f"injected fault: partition {partition_id} raises in round {server_round}")
     if fault == "kill" and _first_time(f"kill-{partition_id}-{server_round}"):
         os.kill(os.getpid(), signal.SIGKILL)
+    if fault == "hold":
+        time.sleep(HOLD_SECONDS)
     reply = call_next(msg, context)
     if fault == "nan":
         arrays = reply.content[keys.ARRAYS]

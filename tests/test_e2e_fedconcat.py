@@ -17,6 +17,7 @@ import pytest
 from fedvls_flwr.app.results import MODEL_FILE, load_arrays, read_rounds
 from fedvls_flwr.experiments.report import make_report
 from fedvls_flwr.ops.launch import LocalSuperLink
+from tests.fault_injection import FAULT_ENV, fault_app
 from tests.processes import assert_none_left, kill_now, processes_with_home, saved_round, wait_for_saved_round
 from tests.runs import DIGITS_RUN, run_here
 
@@ -70,15 +71,16 @@ def test_fedconcat_killed_in_either_stage_resumes_to_the_straight_runs_history(t
     federation = {"num-supernodes": 4, "client-resources-num-cpus": 1}
     run_here({**cfg, "output-dir": str(tmp_path / "straight")}, federation["num-supernodes"])
     reference = read_rounds(tmp_path / "straight" / "r")
+    app = fault_app(tmp_path / "app")
     for stage, kill_at in ((1, 1), (2, 5)):
         out = tmp_path / f"stage{stage}"
-        with LocalSuperLink(tmp_path / f"home-{stage}a") as link:
-            link.submit(run_config={**cfg, "output-dir": str(out)}, federation_config=federation)
+        # round kill_at + 1 held: the kill lands while it trains, on any machine
+        with LocalSuperLink(tmp_path / f"home-{stage}a", env_extra={FAULT_ENV: f"hold:*:{kill_at + 1}"}) as link:
+            link.submit(app, run_config={**cfg, "output-dir": str(out)}, federation_config=federation)
             wait_for_saved_round(out / "r", kill_at)
-            # no grace period: the fast rounds would finish the run otherwise
             kill_now(processes_with_home(tmp_path / f"home-{stage}a"))
             killed_at = saved_round(out / "r")
-        assert (killed_at < 3) if stage == 1 else (3 < killed_at < 9), killed_at
+        assert killed_at == kill_at and (killed_at < 3) == (stage == 1), killed_at
         assert not (out / "r" / "summary.json").exists()
         # what the kill left is read back by a new server: on the in-process engine (the kill,
         # not the transport, is this test's subject; the engines agree bit for bit)

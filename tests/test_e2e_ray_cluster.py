@@ -131,8 +131,11 @@ def test_a_worker_node_killed_mid_run_loses_nothing_written_and_resume_continues
     if outcome.completed:
         # the run went on with the head's clients; the lost ones counted like any failing client
         assert [r["round"] for r in rounds] == list(range(n + 1))
-        assert any(r["clients_failed"] > 0 for r in rounds[killed_after + 1:]), [r["clients_failed"] for r in rounds]
-        assert len({node for r in rounds[killed_after + 2:] for node in r["nodes"]}) == 1
+        failed = [r["round"] for r in rounds[killed_after + 1:] if r["clients_failed"] > 0]
+        assert failed, [r["clients_failed"] for r in rounds]
+        # from the round after the first that lost clients (the kill lands while round killed_after + 1
+        # or, on a slow machine, a later one trains), the head's node alone
+        assert len({node for r in rounds[failed[0] + 1:] for node in r["nodes"]}) == 1
         saved = n
     else:  # or it stopped: summary.json says so, and the rounds saved are the resume point
         summary = json.loads((run_dir / "summary.json").read_text())

@@ -12,7 +12,7 @@ import pytest
 
 from fedvls_flwr.app.results import read_rounds
 from fedvls_flwr.ops.launch import PROJECT_DIR, LocalSuperLink
-from tests.fault_injection import FAULT_ENV, fault_client_app
+from tests.fault_injection import FAULT_ENV, fault_app, fault_client_app
 from tests.processes import assert_none_left, kill_now, processes_with_home, saved_round, wait_for_saved_round
 from tests.runs import DIGITS_RUN, run_here
 
@@ -39,15 +39,15 @@ def test_killed_server_resumes_with_every_round_once(tmp_path):
     n = 6
     cfg = {**BASE, "num-server-rounds": n, "output-dir": str(tmp_path), "run-name": "resumed", "resume": True}
     run_dir = tmp_path / "resumed"
-    with LocalSuperLink(tmp_path / "home1") as link:
-        link.submit(run_config={**cfg, "resume": False}, federation_config=FEDERATION)
+    # round 3 held: the kill lands while it trains, however fast the digits rounds go
+    with LocalSuperLink(tmp_path / "home1", env_extra={FAULT_ENV: "hold:*:3"}) as link:
+        link.submit(fault_app(tmp_path / "app"), run_config={**cfg, "resume": False}, federation_config=FEDERATION)
         wait_for_saved_round(run_dir, 2, timeout=240)
         # SIGKILL, no grace period: every process of this run (SuperLink, SuperExec, the
-        # simulation with the ServerApp, Ray and its actors) dies mid-run. A graceful stop
-        # would give the fast digits rounds time to finish the run before the kill.
+        # simulation with the ServerApp, Ray and its actors) dies mid-run.
         kill_now(processes_with_home(tmp_path / "home1"))
     killed_at = saved_round(run_dir)
-    assert killed_at < n and not (run_dir / "summary.json").exists()
+    assert killed_at == 2 and not (run_dir / "summary.json").exists()
 
     with LocalSuperLink(tmp_path / "home2") as link:
         outcome = link.wait(link.submit(run_config=cfg, federation_config=FEDERATION), timeout=300)
