@@ -250,7 +250,7 @@ def test_a_nodes_state_persists_across_its_messages_whichever_worker_takes_them(
         pool.wait_started()
         pids = set()
         for rnd in range(1, 5):
-            replies = train_round(grid)
+            replies = train_round(grid, dict.fromkeys(range(5), "slow") if rnd == 1 else None)  # both workers serve
             assert {p: int(r.content.metric_records["metrics"]["count"]) for p, r in replies.items()} == \
                 dict.fromkeys(range(5), rnd)
             pids |= {int(r.content.metric_records["metrics"]["pid"]) for r in replies.values()}

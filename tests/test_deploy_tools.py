@@ -45,7 +45,7 @@ from fedvls_flwr.ops.processes import PortRangeError, free_port, parse_port_rang
 
 
 def _free_range(width: int = 20) -> tuple[int, int]:
-    """A range of ports that are free right now (found by probing upwards from 30000)."""
+    """A range of ports, different per test process (not probed: for tests that bind none)."""
     lo = 30000 + (os.getpid() % 200) * 50
     return lo, lo + width - 1
 
@@ -60,10 +60,11 @@ def test_port_range_parsing_says_what_is_wrong():
 
 
 def test_ports_come_from_the_range_skip_busy_and_handed_out_ones():
-    lo, hi = _free_range()
     with closing(socket.socket()) as busy:
-        busy.bind(("127.0.0.1", lo))
+        busy.bind(("127.0.0.1", 0))  # the range starts at a port the system gave this socket: busy for sure
         busy.listen()
+        lo = busy.getsockname()[1]
+        hi = lo + 19
         first = free_port((lo, hi))
         assert lo < first <= hi  # lo is in use
         assert free_port((lo, hi), {first}) not in (lo, first)
@@ -466,3 +467,22 @@ def test_deploy_local_help_says_what_nodes_are_and_a_bad_timeout_starts_nothing(
     with pytest.raises(SystemExit) as exited:
         deploy.main(["local", "--insecure", "--timeout", "-5"])
     assert exited.value.code == 2 and "argument --timeout: -5: give a number of seconds > 0" in capsys.readouterr().err
+
+
+def test_a_finished_runs_log_is_read_until_its_last_lines_have_come(tmp_path, monkeypatch):
+    """Flower says a run finished after waiting at most a second for its last log upload: the
+    outcome's log is read again until two reads agree, so a late last line is not lost."""
+    link = LocalSuperLink(tmp_path, simulation=False)
+    uploads = iter(["round 1\n", "round 1\nround 2\n", "round 1\nround 2\nround 3/3: accuracy 0.9\n"])
+    seen: list[str] = []
+
+    def logs(run_id: int) -> str:
+        seen.append(next(uploads, seen[-1] if seen else ""))
+        return seen[-1]
+
+    monkeypatch.setattr(link, "status", lambda run_id: "finished:completed")
+    monkeypatch.setattr(link, "logs", logs)
+    monkeypatch.setattr("fedvls_flwr.ops.launch.time.sleep", lambda s: None)
+    outcome = link.wait(7)
+    assert outcome.completed and outcome.log.endswith("round 3/3: accuracy 0.9\n")
+    assert len(seen) == 4  # three reads that grew, one that agreed

@@ -32,7 +32,7 @@ import pytest
 from fedvls_flwr.app.results import read_rounds
 from fedvls_flwr.ops.launch import LocalSuperLink
 from fedvls_flwr.ops.processes import descendants
-from tests.processes import kill_now, leftovers, processes_with_home, wait_for_saved_round
+from tests.processes import assert_none_left, kill_now, processes_with_home, wait_for_saved_round
 from tests.runs import DIGITS_RUN
 
 pytestmark = pytest.mark.e2e
@@ -90,7 +90,7 @@ def test_killed_supernode_run_continues_with_the_others(tmp_path, node_env):
         outcome = link.wait(run_id, timeout=240, poll=1.0)
     finally:
         link.stop()
-    assert leftovers(link.started_pids, tmp_path) == []
+    assert_none_left(link.started_pids, tmp_path)
     rounds = read_rounds(run_dir)
     assert outcome.completed, f"run ended {outcome.status}\n{describe(rounds)}\n{outcome.log[-4000:]}"
     assert [r["round"] for r in rounds] == list(range(ROUNDS + 1)), describe(rounds)
@@ -132,7 +132,7 @@ def test_late_supernode_is_used_from_a_later_round(tmp_path, node_env):
         outcome = link.wait(run_id, timeout=240, poll=1.0)
     finally:
         link.stop()
-    assert leftovers(link.started_pids, tmp_path) == []
+    assert_none_left(link.started_pids, tmp_path)
     rounds = read_rounds(run_dir)
     assert outcome.completed, f"run ended {outcome.status}\n{describe(rounds)}\n{outcome.log[-4000:]}"
     assert [r["round"] for r in rounds] == list(range(ROUNDS + 1)), describe(rounds)
@@ -199,5 +199,4 @@ def test_clientapp_ends_when_its_unreaped_supernode_is_killed(tmp_path, node_env
     assert ended_after < 5.0, f"the ClientApp outlived its killed SuperNode by {ended_after:.1f}s"
     assert f"the SuperNode (pid {supernode}) that started this ClientApp is gone" in (
         link.home / "node-0.log").read_text()
-    time.sleep(1.0)
-    assert leftovers(link.started_pids, tmp_path) == []
+    assert_none_left(link.started_pids, tmp_path)

@@ -300,7 +300,8 @@ def test_leftovers_of_a_killed_run_are_found_by_prefix_and_removed():
                                    stderr=subprocess.DEVNULL)
         live.create()
         removed = netns.remove_leftovers()
-        assert sorted(removed) == sorted(dead.made)
+        # every namespace of the killed run (another killed suite's on this machine may go too)
+        assert set(dead.made) <= set(removed) and not set(live.made) & set(removed)
         assert dead.left() == [] and sleeper.wait(timeout=30) is not None
         assert set(live.made) <= set(netns.namespaces())   # a live run's namespaces are kept
     finally:

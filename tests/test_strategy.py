@@ -251,7 +251,7 @@ def test_replies_are_collected_often_and_missing_ones_after_the_timeout():
     t0 = time.monotonic()
     replies = S.exchange(grid, messages, timeout=0.3, interval=S.SIMULATION_PULL_INTERVAL)
     assert [r.metadata.src_node_id for r in replies] == [11]  # 12 never answered
-    assert 0.3 <= time.monotonic() - t0 < 1.0
+    assert 0.3 <= time.monotonic() - t0 < 3.0  # the timeout, not much more (a loaded machine is slow)
     assert S.SIMULATION_PULL_INTERVAL < S.DEPLOYMENT_PULL_INTERVAL < 3.0  # Flower's deployment Grid sleeps 3 s
 
 

@@ -5,7 +5,8 @@ process as ``tests.worker_apps:app``.
 A train message's ConfigRecord ``"do"`` says what to do: ``count`` (the default) adds one to
 a counter in the node's ``Context.state`` and replies the received arrays; ``raise`` changes
 the state, then raises; ``die`` kills the worker process (SIGKILL); ``hold`` keeps a 4 MB array in
-the node's state, written the first time and left alone after.
+the node's state, written the first time and left alone after; ``slow`` counts after waiting 0.3 s
+(long enough that every worker of a pool takes a message of the round, however loaded the machine).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ def train(msg: Message, context: Context) -> Message:
     seen = int(context.state.config_records["seen"]["count"]) if "seen" in context.state.config_records else 0
     if do == "die":
         os.kill(os.getpid(), signal.SIGKILL)
+    if do == "slow":
+        time.sleep(0.3)
     if do == "hold" and "big" not in context.state.array_records:
         context.state["big"] = ArrayRecord({"x": Array(np.full(1_000_000, seen + 1, dtype=np.float32))})
     context.state["seen"] = ConfigRecord({"count": seen + 1})

@@ -362,7 +362,7 @@ class LocalSuperLink:
         while True:
             status = self.status(run_id)
             if status.startswith("finished"):
-                return RunOutcome(run_id, status, time.monotonic() - t0, self.logs(run_id))
+                return RunOutcome(run_id, status, time.monotonic() - t0, self.settled_logs(run_id))
             if time.monotonic() - t0 > timeout:
                 self.flwr("stop", str(run_id), self.connection)
                 return RunOutcome(run_id, f"timeout:{status}", time.monotonic() - t0, self.logs(run_id))
@@ -371,3 +371,16 @@ class LocalSuperLink:
     def logs(self, run_id: int) -> str:
         res = self.flwr("log", str(run_id), self.connection, "--show", timeout=60)
         return res.stdout + res.stderr
+
+    def settled_logs(self, run_id: int, pause: float = 0.5, tries: int = 4) -> str:
+        """A finished run's whole log: Flower reports a run finished after waiting at most a
+        second for its last log upload, so on a busy SuperLink the last lines (the last round, a
+        refusal at start-up) may come later; read until two reads agree."""
+        text = self.logs(run_id)
+        for _ in range(tries):
+            time.sleep(pause)
+            again = self.logs(run_id)
+            if again == text:
+                break
+            text = again
+        return text
