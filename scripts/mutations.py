@@ -327,6 +327,12 @@ MUTATIONS: list[Mutation] = [
              "changed", "fedvls_flwr/app/server.py",
              "**{key: np.array(value, copy=True) for key, value in self.strategy.server_state().items()}}",
              "**self.strategy.server_state()}", ("tests/test_resume.py",)),
+    Mutation("round-files-block-the-next-round", "result files", "the server waits for a round's files before "
+             "the next round trains (the writing thread's time added to every round)",
+             "fedvls_flwr/app/server.py",
+             "jsonable(record), checkpoint, clients)\n        except RuntimeError:",
+             "jsonable(record), checkpoint, clients)\n            self.finish_saving()\n        except RuntimeError:",
+             ("tests/test_resume.py",)),
     Mutation("ctrl-c-abandons-round-files", "result files", "Ctrl-C while a round's files are being written leaves "
              "without them: the round is lost though it was computed",
              "fedvls_flwr/app/server.py",

@@ -9,6 +9,7 @@ import errno
 import json
 import logging
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -452,9 +453,27 @@ def slow_checkpoints(monkeypatch, events: list[tuple[str, int, float]], seconds:
 
 
 def test_a_rounds_files_are_written_while_the_next_round_trains(tmp_path, monkeypatch, straight):
+    """Round r's checkpoint is written only once round r + 1 has started training (a handshake,
+    not a race): a server that waited for its files before the next round would never start it,
+    and the write gives up waiting after 30 s."""
     events: list[tuple[str, int, float]] = []
-    slow_checkpoints(monkeypatch, events, 0.3)
-    run_dir = run_experiment(EventGrid(events), config(tmp_path, resume=False))
+    started = {r: threading.Event() for r in range(1, ROUNDS + 2)}
+    real = results.save_checkpoint
+
+    def save(path, arrays, server_round):
+        started[server_round + 1].wait(timeout=30 if server_round < ROUNDS else 0)
+        real(path, arrays, server_round)
+        events.append(("checkpoint", server_round, time.monotonic()))
+
+    class Noting(EventGrid):
+        def answer(self, messages):
+            server_round = int(messages[0].content[CONFIG_KEY][SERVER_ROUND])
+            self.events.append(("train", server_round, time.monotonic()))  # noted before the write may go on
+            started[server_round].set()
+            return TrainingGrid.answer(self, messages)
+
+    monkeypatch.setattr(results, "save_checkpoint", save)
+    run_dir = run_experiment(Noting(events), config(tmp_path, resume=False))
     at = {(kind, r): t for kind, r, t in events}
     for r in range(1, ROUNDS):
         # before: round r + 1 started only once round r's checkpoint was on disk
