@@ -135,7 +135,8 @@ def test_a_worker_node_killed_mid_run_loses_nothing_written_and_resume_continues
         assert failed, [r["clients_failed"] for r in rounds]
         # from the round after the first that lost clients (the kill lands while round killed_after + 1
         # or, on a slow machine, a later one trains), the head's node alone
-        assert len({node for r in rounds[failed[0] + 1:] for node in r["nodes"]}) == 1
+        after = {node for r in rounds[failed[0] + 1:] for node in r["nodes"]}
+        assert len(after) == 1 or (not after and failed[0] == n), after
         saved = n
     else:  # or it stopped: summary.json says so, and the rounds saved are the resume point
         summary = json.loads((run_dir / "summary.json").read_text())

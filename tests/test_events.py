@@ -31,11 +31,13 @@ def flower_logger(monkeypatch):
     in the test's body (:func:`bare_root`), where pytest has put its own."""
     logger = logging.getLogger("flwr")
     monkeypatch.setattr(logger, "handlers", [])
-    monkeypatch.setattr(logger, "level", logging.DEBUG)
+    level = logger.level
+    logger.setLevel(logging.DEBUG)  # as Flower sets it (setLevel: the loggers' level caches cleared)
     built = Built()
     logger.addFilter(built)
     yield logger, built
     logger.removeFilter(built)
+    logger.setLevel(level)
 
 
 @contextmanager

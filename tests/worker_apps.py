@@ -68,8 +68,8 @@ def record_worker(msg: Message, context: Context, call_next) -> Message:  # noqa
     """A mod that says which process trained which node in which round (the project's replies
     unchanged). Each node first waits ``PACE[(partition + round) % 4]`` seconds, so the
     order in which a round's messages finish - hence which free worker takes which queued
-    message - is the same on any machine and changes from round to round, whatever the threads'
-    timing: the nodes move between workers by design, not by chance."""
+    message - changes from round to round and no longer rests on the threads' timing (the gaps,
+    0.4 s or more, dwarf a digits client's jitter): the nodes move between workers by design."""
     if msg.metadata.message_type == "train" and (path := os.environ.get(SERVED_BY_ENV)):
         partition = int(context.node_config.get("partition-id", -1))
         server_round = int(msg.content.config_records["config"]["server-round"])

@@ -346,7 +346,7 @@ class LocalSuperLink:
         if run_id is None:
             raise RuntimeError(f"flwr run did not start a run (exit {proc.returncode}):\n{log.read_text()[-4000:]}")
         # The stream ends when the run finishes; the status can lag a moment behind.
-        outcome = self.wait(run_id, timeout=60.0, poll=0.5)
+        outcome = self.wait(run_id, timeout=60.0, poll=0.5, read_log=False)  # the streamed log is the run's
         outcome.seconds = time.monotonic() - t0
         outcome.log = log.read_text(errors="replace")
         return outcome
@@ -357,30 +357,35 @@ class LocalSuperLink:
         runs = payload.get("runs", [])
         return runs[0]["status"] if runs else "unknown"
 
-    def wait(self, run_id: int, timeout: float = 600.0, poll: float = 1.0) -> RunOutcome:
+    def wait(self, run_id: int, timeout: float = 600.0, poll: float = 1.0, read_log: bool = True) -> RunOutcome:
         t0 = time.monotonic()
         while True:
             status = self.status(run_id)
             if status.startswith("finished"):
-                return RunOutcome(run_id, status, time.monotonic() - t0, self.settled_logs(run_id))
+                return RunOutcome(run_id, status, time.monotonic() - t0, self.settled_logs(run_id) if read_log else "")
             if time.monotonic() - t0 > timeout:
                 self.flwr("stop", str(run_id), self.connection)
                 return RunOutcome(run_id, f"timeout:{status}", time.monotonic() - t0, self.logs(run_id))
             time.sleep(poll)
 
     def logs(self, run_id: int) -> str:
+        return "".join(self._read_log(run_id))
+
+    def _read_log(self, run_id: int) -> tuple[str, str]:
+        """(the run's log, what the ``flwr`` command itself said: with FLWR_LOG_LEVEL=DEBUG,
+        timestamped lines of its own on every call)."""
         res = self.flwr("log", str(run_id), self.connection, "--show", timeout=60)
-        return res.stdout + res.stderr
+        return res.stdout, res.stderr
 
     def settled_logs(self, run_id: int, pause: float = 0.5, tries: int = 4) -> str:
         """A finished run's whole log: Flower reports a run finished after waiting at most a
         second for its last log upload, so on a busy SuperLink the last lines (the last round, a
-        refusal at start-up) may come later; read until two reads agree."""
-        text = self.logs(run_id)
+        refusal at start-up) may come later; read until two reads of the run's log agree."""
+        run_log, said = self._read_log(run_id)
         for _ in range(tries):
             time.sleep(pause)
-            again = self.logs(run_id)
-            if again == text:
+            again, said = self._read_log(run_id)
+            if again == run_log:
                 break
-            text = again
-        return text
+            run_log = again
+        return run_log + said
