@@ -14,7 +14,7 @@ clients, aggregation and the evaluation; the round's files are written after the
 thread of their own while the next round trains: what the server waits for them is shown apart
 from what writing them takes. Timings mean something only on an idle machine.
 
-    python bench/head_round_phases.py --ablate --write docs/performance.md   # ~2 min idle
+    python bench/head_round_phases.py --ablate --write docs/performance.md   # ~3 min idle
 
 ``--ablate`` asks what each piece of machinery that the plain loop lacks costs the head round:
 the same run with it switched off (a diagnostic: such a run keeps no files, or lets clients'
@@ -263,7 +263,7 @@ def main() -> int:
     ap.add_argument("--write", type=Path, metavar="PAGE", help="put the table between PAGE's markers")
     ap.add_argument("--json", type=Path, help="the raw figures")
     ap.add_argument("--ablate", action="store_true", help="the head round with each piece of machinery switched off")
-    ap.add_argument("--reps", type=int, default=3, help="--ablate: runs per variant")
+    ap.add_argument("--reps", type=int, default=7, help="--ablate: runs per variant (3 left a run's noise in)")
     ap.add_argument("--variant", choices=sorted(ABLATIONS), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.variant:
