@@ -270,21 +270,16 @@ def main() -> int:
         print(_variant(args.data_dir, args.head_rounds, args.variant))
         return 0
     if args.ablate:
-        ablated = ablate(args.data_dir, args.head_rounds, args.reps)
-        text = ablation_markdown(ablated)
-        print(text)
-        if args.json:
-            args.json.write_text(json.dumps(ablated, indent=2))
-        if args.write:
-            write_page(args.write, text, ABLATE_START, ABLATE_END)
-        return 0
-    result = measure(args.data_dir, args.head_rounds)
-    text = markdown(result)
+        result = ablate(args.data_dir, args.head_rounds, args.reps)
+        text, markers = ablation_markdown(result), (ABLATE_START, ABLATE_END)
+    else:
+        result = measure(args.data_dir, args.head_rounds)
+        text, markers = markdown(result), (START, END)
     print(text)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     if args.write:
-        write_page(args.write, text, START, END)
+        write_page(args.write, text, *markers)
     return 0
 
 
