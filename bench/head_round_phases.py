@@ -74,6 +74,19 @@ PHASES: tuple[tuple[str, str, str, int], ...] = (
 CLIENT_APP = "the ClientApp, whole"
 
 
+def workload(data_dir: Path, head_rounds: int) -> dict[str, Any]:
+    """The run every table here measures: FedConcat K = 2 on mnist10k, 2 encoder rounds, the
+    clusters given (as bench/bench_engine.py gives them to every engine)."""
+    return {"dataset": "mnist10k", "data-dir": str(data_dir), "seed": 0, "method": "fedavg", "local-epochs": 1,
+            "protocol": "fedconcat", "fedconcat-clusters": 2, "fedconcat-encoder-rounds": 2,
+            "num-server-rounds": 2 + head_rounds, "fedconcat-assignment": "0,1,0,1,0,1,0,1,0,1"}
+
+
+def steady_rounds(head_rounds: int) -> range:
+    """Rounds 3.. are head rounds; round 3 sends the encoders, 4 settles."""
+    return range(5, 3 + head_rounds)
+
+
 def _install_timers(spent: dict[tuple[str, int], float]) -> None:
     """Wrap every phase's function so its seconds add up in ``spent``, by (label, round)."""
     import importlib
@@ -112,12 +125,10 @@ def measure(data_dir: Path, head_rounds: int) -> dict[str, Any]:
 
     spent: dict[tuple[str, int], float] = collections.defaultdict(float)
     _install_timers(spent)
-    config = {"dataset": "mnist10k", "data-dir": str(data_dir), "seed": 0, "method": "fedavg", "local-epochs": 1,
-              "protocol": "fedconcat", "fedconcat-clusters": 2, "fedconcat-encoder-rounds": 2,
-              "num-server-rounds": 2 + head_rounds, "fedconcat-assignment": "0,1,0,1,0,1,0,1,0,1",
-              "output-dir": tempfile.mkdtemp(prefix="head-round-phases-"), "run-name": "phases"}
+    config = {**workload(data_dir, head_rounds), "output-dir": tempfile.mkdtemp(prefix="head-round-phases-"),
+              "run-name": "phases"}
     run = run_in_process(config, 10, client_cpus=1, workers=1)
-    steady = range(5, 3 + head_rounds)  # rounds 3.. are head rounds; round 3 sends the encoders, 4 settles
+    steady = steady_rounds(head_rounds)
     per_round = {label: statistics.median(spent.get((label, r), 0.0) for r in steady) for _, _, label, _ in PHASES}
     seconds = [r["seconds"] for r in read_rounds(run.run_dir) if r["round"] in steady]
     return {"per_round": per_round, "round_seconds": statistics.median(seconds), "head_rounds": head_rounds,
@@ -206,13 +217,10 @@ def _variant(data_dir: Path, head_rounds: int, label: str) -> float:
         return record
 
     ServerRun.round_record = kept  # type: ignore[method-assign]
-    config = {"dataset": "mnist10k", "data-dir": str(data_dir), "seed": 0, "method": "fedavg", "local-epochs": 1,
-              "protocol": "fedconcat", "fedconcat-clusters": 2, "fedconcat-encoder-rounds": 2,
-              "num-server-rounds": 2 + head_rounds, "fedconcat-assignment": "0,1,0,1,0,1,0,1,0,1",
-              "run-name": "ablation"}
     with tempfile.TemporaryDirectory(prefix="head-round-ablation-") as out:
-        run_in_process({**config, "output-dir": out}, 10, client_cpus=1, workers=1)
-    steady = range(5, 3 + head_rounds)
+        run_in_process({**workload(data_dir, head_rounds), "output-dir": out, "run-name": "ablation"}, 10,
+                       client_cpus=1, workers=1)
+    steady = steady_rounds(head_rounds)
     return statistics.median(r["seconds"] for r in records if r["round"] in steady)
 
 
@@ -222,9 +230,7 @@ def ablate(data_dir: Path, head_rounds: int, reps: int) -> dict[str, Any]:
     from bench.bench_engine import plain
 
     load_before = os.getloadavg()
-    config = {"dataset": "mnist10k", "data-dir": str(data_dir), "seed": 0, "method": "fedavg", "local-epochs": 1,
-              "protocol": "fedconcat", "fedconcat-clusters": 2, "fedconcat-encoder-rounds": 2,
-              "num-server-rounds": 2 + head_rounds, "fedconcat-assignment": "0,1,0,1,0,1,0,1,0,1"}
+    config = workload(data_dir, head_rounds)
     seconds: dict[str, list[float]] = {label: [] for label in ABLATIONS}
     kept = []
     for _ in range(reps):
