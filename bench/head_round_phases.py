@@ -18,7 +18,7 @@ from what writing them takes. Timings mean something only on an idle machine.
 
 ``--ablate`` asks what each piece of machinery that the plain loop lacks costs the head round:
 the same run with it switched off (a diagnostic: such a run keeps no files, or lets clients'
-random generators leak, and is never a way to run the app), each variant in a process of its
+draws reach the server's random generators, and is never a way to run the app), each variant in a process of its
 own, in turn, ``--reps`` times; beside the plain loop that keeps the features
 (``bench/reference_heads.py``), measured in the same invocation.
 """
@@ -148,7 +148,7 @@ def markdown(result: dict[str, Any]) -> str:
     for i, (_, _, label, depth) in enumerate(PHASES):
         lines.append(f"| {indent * depth}{label} | {per[label] * 1000:.2f} |")
         if i == last_inner:
-            lines.append(f"| {indent}the rest: Flower's dispatch and mods, the random generators kept apart, "
+            lines.append(f"| {indent}the rest: Flower's dispatch and mods, the thread count, "
                          f"the reply message | {rest * 1000:.2f} |")
     return "\n".join(lines)
 
@@ -166,20 +166,9 @@ def _files_not_written() -> None:
 def _generators_shared() -> None:
     import contextlib
 
-    import torch
+    from fedvls_flwr.ops import inprocess
 
-    from fedvls_flwr.ops import client_worker
-
-    @contextlib.contextmanager
-    def threads_only(threads: int) -> Any:
-        outer = torch.get_num_threads()
-        torch.set_num_threads(threads)
-        try:
-            yield
-        finally:
-            torch.set_num_threads(outer)
-
-    client_worker.client_process = threads_only
+    inprocess.generators_apart = contextlib.nullcontext  # type: ignore[assignment]
 
 
 def _no_events() -> None:
@@ -194,7 +183,8 @@ ABLATIONS: dict[str, tuple[Callable[[], None], ...]] = {
     "the app as it runs": (),
     "the round's files not written (rounds.jsonl, checkpoint.npz, state.json: their thread's share of the GIL)":
         (_files_not_written,),
-    "each message's random generators not kept apart (torch, numpy, random: saved and restored per message)":
+    "the server's random generators not fenced from its clients' (torch, numpy, random: saved and restored "
+    "around a round's clients)":
         (_generators_shared,),
     "no structured events (a JSON log line a client and a round; built only when a handler shows DEBUG)": (_no_events,),
     "all three switched off": (_files_not_written, _generators_shared, _no_events),

@@ -385,6 +385,11 @@ MUTATIONS: list[Mutation] = [
              "does not propagate (a record built that no handler gets)",
              "fedvls_flwr/app/events.py", "        if not logger.propagate:\n            break\n", "",
              ("tests/test_events.py",)),
+    Mutation("client-draws-reach-the-server", "engine", "the clients the in-process engine runs in the server's "
+             "process draw from the server's random generators and leave them advanced, where under flwr run they "
+             "are other processes",
+             "fedvls_flwr/ops/inprocess.py", "with generators_apart() if self.pool is None else nullcontext():",
+             "with nullcontext():", ("tests/test_client_workers.py",)),
     Mutation("finished-log-read-once", "deployment", "a finished run's log is read once, as soon as Flower says it "
              "finished: on a busy SuperLink its last lines (the last round, a refusal) are not in it yet",
              "fedvls_flwr/ops/launch.py", "self.settled_logs(run_id) if read_log", "self.logs(run_id) if read_log",

@@ -6,12 +6,15 @@ A train message's ConfigRecord ``"do"`` says what to do: ``count`` (the default)
 a counter in the node's ``Context.state`` and replies the received arrays; ``raise`` changes
 the state, then raises; ``die`` kills the worker process (SIGKILL); ``hold`` keeps a 4 MB array in
 the node's state, written the first time and left alone after; ``slow`` counts after waiting 0.3 s
-(long enough that every worker of a pool takes a message of the round, however loaded the machine).
+(long enough that every worker of a pool takes a message of the round, however loaded the machine);
+``draw`` counts and replies a number drawn from each of Python's, numpy's and torch's global
+random generators.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import signal
 import time
 
@@ -39,6 +42,10 @@ def train(msg: Message, context: Context) -> Message:
     arrays = msg.content.array_records.get("arrays", ArrayRecord())
     metrics = MetricRecord({"count": seen + 1, "pid": os.getpid(),
                             "partition": int(context.node_config.get("partition-id", -1))})
+    if do == "draw":
+        import torch
+
+        metrics["drawn"] = [random.random(), float(np.random.random()), float(torch.rand(1))]
     return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
 
 

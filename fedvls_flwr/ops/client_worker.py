@@ -2,8 +2,9 @@
 
 The worker (:func:`worker_main`) is a fresh Python process that imports torch, Flower and the
 ClientApp once, opens its CUDA context once when it has a GPU, and then runs the ClientApp on
-one message after another (:func:`run_client`: the thread count and random generators a Ray
-actor would give it), keeping its node data caches from message to message. Its parent is
+one message after another (:func:`run_client`: the thread count a Ray actor would give it,
+and, as in an actor, random generators that its messages draw from in turn), keeping its node
+data caches from message to message. Its parent is
 :class:`fedvls_flwr.ops.client_pool.ClientPool`.
 
 On the wire (a socket pair): each message and reply is a pickled header - the records'
@@ -40,8 +41,8 @@ from flwr.common.constant import ErrorCode
 from fedvls_flwr.ops.flower_internals import copied_metadata, records_copy, values_copy, wire_values
 from fedvls_flwr.ops.processes import die_with_parent
 
-__all__ = ["Bulk", "client_process", "decode_records", "encode_records", "load_client_app", "run_client",
-           "stamped", "worker_main"]
+__all__ = ["Bulk", "client_threads", "decode_records", "encode_records", "generators_apart", "load_client_app",
+           "run_client", "stamped", "worker_main"]
 
 #: Where the shared-memory files live (tmpfs); without it, everything goes through the socket.
 SHM_DIR = Path("/dev/shm")
@@ -51,20 +52,37 @@ HEADER_PROTOCOL = pickle.HIGHEST_PROTOCOL
 
 # ---- one message, as a Ray actor runs it (a worker, or the calling process) ----------------
 @contextmanager
-def client_process(threads: int) -> Iterator[None]:
-    """The ClientApp as a Ray actor runs it: its own torch thread count and random generators,
-    which nothing outside the message (the ServerApp's side, the next message) sees."""
+def client_threads(threads: int) -> Iterator[None]:
+    """One message's torch thread count, as a Ray actor's ``OMP_NUM_THREADS`` gives it, put back
+    afterwards: whatever the message before set, each message starts with ``threads``."""
     import torch
 
     outer_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(outer_threads)
+
+
+@contextmanager
+def generators_apart() -> Iterator[None]:
+    """The process's random generators (Python's, numpy's global one, torch's CPU and CUDA ones)
+    as they were before, once what runs inside is done.
+
+    The in-process engine runs a round's clients in the ServerApp's own process; around them, this
+    keeps the server's draws what they are under ``flwr run``, where clients are other processes.
+    The clients inside draw from the generators in turn, as the messages a Ray actor serves do
+    (each message's save and restore cost a tenth of a FedConcat head round's client, numpy's
+    state alone 70 µs each way). A client worker, a process of its own, needs no such fence."""
+    import torch
+
     py_state, np_state = random.getstate(), np.random.get_state()
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
     with torch.random.fork_rng(devices=devices):
-        torch.set_num_threads(threads)
         try:
             yield
         finally:
-            torch.set_num_threads(outer_threads)
             random.setstate(py_state)
             np.random.set_state(np_state)
 
@@ -75,7 +93,7 @@ def run_client(client_app: ClientApp, message: Message, context: Context, thread
     the records it held before, as a Ray actor's copy would)."""
     kept = dict(context.state.items())
     try:
-        with client_process(threads):
+        with client_threads(threads):
             return client_app(message=message, context=context), True
     except Exception as ex:  # noqa: BLE001 - a ClientApp that raises is a failed reply, as in Flower
         for name in [n for n in context.state if n not in kept]:

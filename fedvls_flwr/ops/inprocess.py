@@ -18,8 +18,9 @@ a deterministic run's history equals ``flwr run .``'s bit for bit:
   the ClientApp (``reply_to`` set), and for a ClientApp that raises the error reply Flower's
   simulation builds (code ``CLIENT_APP_RAISED_EXCEPTION``, the exception's text);
 * the ClientApp's process as Ray gives it: ``client-resources-num-cpus`` torch threads (Ray's
-  ``OMP_NUM_THREADS``) unless the run's ``torch-threads`` sets them, and nothing it does to
-  torch's thread count or the random generators reaches the ServerApp's side.
+  ``OMP_NUM_THREADS``) unless the run's ``torch-threads`` sets them, random generators that the
+  messages it serves draw from in turn, and nothing it does to torch's thread count or the
+  random generators reaches the ServerApp's side.
 
 A round's clients run at once on client workers (:mod:`fedvls_flwr.ops.client_pool`), as many
 as the federation config gives room for (:func:`fedvls_flwr.ops.resources.plan_workers`); one
@@ -34,6 +35,7 @@ import atexit
 import secrets
 import time
 from collections.abc import Iterable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from logging import INFO
 from pathlib import Path
@@ -52,7 +54,7 @@ from fedvls_flwr.app.server_app import RUN_RECORD
 from fedvls_flwr.app.server_app import app as server_app
 from fedvls_flwr.config.run_config import ConfigError, RunConfig
 from fedvls_flwr.ops.client_pool import PROJECT_CLIENT_APP, ClientPool
-from fedvls_flwr.ops.client_worker import run_client, stamped
+from fedvls_flwr.ops.client_worker import generators_apart, run_client, stamped
 from fedvls_flwr.ops.flower_internals import own_copy, set_message_id, task_identity
 from fedvls_flwr.ops.launch import PROJECT_DIR
 from fedvls_flwr.ops.resources import (
@@ -123,15 +125,16 @@ class InProcessGrid(Grid):
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         ids, batch = [], []
-        for message in messages:
-            set_message_id(message, str(uuid4()))
-            if message.metadata.dst_node_id not in self.contexts:
-                raise ValueError(f"no node {message.metadata.dst_node_id} in this run")
-            if self.pool is None:
-                self._replies[message.metadata.message_id] = self._deliver(message)
-            else:
-                batch.append((message, self.contexts[message.metadata.dst_node_id]))
-            ids.append(message.metadata.message_id)
+        with generators_apart() if self.pool is None else nullcontext():  # the clients run here, beside the server
+            for message in messages:
+                set_message_id(message, str(uuid4()))
+                if message.metadata.dst_node_id not in self.contexts:
+                    raise ValueError(f"no node {message.metadata.dst_node_id} in this run")
+                if self.pool is None:
+                    self._replies[message.metadata.message_id] = self._deliver(message)
+                else:
+                    batch.append((message, self.contexts[message.metadata.dst_node_id]))
+                ids.append(message.metadata.message_id)
         if batch and self.pool is not None:
             self.pool.submit(batch)
         return ids
