@@ -390,6 +390,9 @@ MUTATIONS: list[Mutation] = [
              "are other processes",
              "fedvls_flwr/ops/inprocess.py", "with generators_apart() if self.pool is None else nullcontext():",
              "with nullcontext():", ("tests/test_client_workers.py",)),
+    Mutation("kept-head-bias-not-loaded", "new methods", "a FedConcat node reusing the process's concatenated model "
+             "loads the received head's weight but keeps the last node's bias",
+             "fedvls_flwr/algorithms/fedconcat.py", "        linear.bias.copy_(bias)\n", "", ("tests/test_fedconcat.py",)),
     Mutation("finished-log-read-once", "deployment", "a finished run's log is read once, as soon as Flower says it "
              "finished: on a busy SuperLink its last lines (the last round, a refusal) are not in it yet",
              "fedvls_flwr/ops/launch.py", "self.settled_logs(run_id) if read_log", "self.logs(run_id) if read_log",

@@ -506,3 +506,26 @@ def test_the_encoder_digest_tells_equal_encoders_from_different_ones_and_the_kep
     # no digest (the server's evaluation): compared tensor for tensor
     assert built.get(lambda: model, other, head, None) is c
     assert built.get(lambda: model, encoders, head, None) is not c
+
+
+def test_a_kept_models_head_is_loaded_as_load_state_dict_loads_it():
+    """The reused model's head takes the received tensors as ``load_state_dict`` would (the same
+    values, float64 converted to the head's float32); a head of another shape, or with keys of
+    its own, is refused by ``load_state_dict`` with its own message."""
+    from torch import nn
+
+    from fedvls_flwr.algorithms.fedconcat import _load_head
+
+    torch.manual_seed(0)
+    fast, reference = nn.Linear(6, 3), nn.Linear(6, 3)
+    head = {"weight": torch.randn(3, 6, dtype=torch.float64), "bias": torch.randn(3, dtype=torch.float64)}
+    _load_head(fast, head)
+    reference.load_state_dict(head)
+    for name in ("weight", "bias"):
+        got, want = getattr(fast, name), getattr(reference, name)
+        assert got.dtype == torch.float32 and torch.equal(got, want)
+        assert isinstance(got, nn.Parameter) and got.requires_grad  # still the module's parameter
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        _load_head(fast, {"weight": torch.zeros(3, 7), "bias": torch.zeros(3)})
+    with pytest.raises(RuntimeError, match="Unexpected key"):
+        _load_head(fast, {**head, "extra": torch.zeros(1)})
