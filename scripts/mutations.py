@@ -393,6 +393,14 @@ MUTATIONS: list[Mutation] = [
     Mutation("kept-head-bias-not-loaded", "new methods", "a FedConcat node reusing the process's concatenated model "
              "loads the received head's weight but keeps the last node's bias",
              "fedvls_flwr/algorithms/fedconcat.py", "        linear.bias.copy_(bias)\n", "", ("tests/test_fedconcat.py",)),
+    Mutation("node-data-answer-ignores-environment", "data", "a node's data kept as the answer to its next "
+             "messages is handed out after the environment a relative data-dir is resolved against changed",
+             "fedvls_flwr/data/node_data.py", "tuple(os.environ.get(name) for name in _PATH_ENVIRONMENT),", "(),",
+             ("tests/test_node_data.py",)),
+    Mutation("node-data-answer-outlives-the-dataset", "data", "a node's data kept as the answer to its next "
+             "messages is handed out after the dataset cache was cleared (a partition of the forgotten dataset)",
+             "fedvls_flwr/data/node_data.py", "if generation == cache_generation() and kept", "if kept",
+             ("tests/test_node_data.py",)),
     Mutation("finished-log-read-once", "deployment", "a finished run's log is read once, as soon as Flower says it "
              "finished: on a busy SuperLink its last lines (the last round, a refusal) are not in it yet",
              "fedvls_flwr/ops/launch.py", "self.settled_logs(run_id) if read_log", "self.logs(run_id) if read_log",

@@ -30,6 +30,7 @@ def fresh_process() -> None:
     N._LOADED.clear()
     N._SAID.clear()
     N._PREPARED.clear()
+    N._ANSWERED.clear()
     N._local_in_memory.cache_clear()
 
 
@@ -75,6 +76,33 @@ def test_partition_form_matches_client_data_and_caches(tmp_path, monkeypatch):
     again = N.node_client_data(cfg, {"partition-id": 1, "num-partitions": 3})
     assert torch.equal(again.x, direct.x) and torch.equal(again.y, direct.y)
     assert again.partition_id == 1 and again.mean is None
+
+
+def test_a_node_served_again_is_answered_from_memory_until_what_it_depends_on_changes(monkeypatch):
+    """A process holding a node's partition answers the node's next messages with it, its node
+    config not parsed again; it works the data out again when a run setting, the node config,
+    the environment a relative data-dir is resolved against, or the dataset cache changes."""
+    cfg = cfg_for(**{"data-dir": "fedvls-data"})
+    node = {"partition-id": 1, "num-partitions": 3}
+    N.dataset_for(cfg)  # the dataset in memory, as in a simulation's process
+    first = N.node_client_data(cfg, node)
+    assert N.node_client_data(cfg, node) is first  # found prepared, and kept as the answer
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(N, "parse_node_config", lambda *a: pytest.fail("the node config was parsed again"))
+        assert N.node_client_data(cfg, dict(node)) is first
+    other_seed = N.node_client_data(cfg_for(**{"data-dir": "fedvls-data", "seed": 1}), node)
+    assert not torch.equal(other_seed.y, first.y)
+    held_out = N.node_client_data(cfg, {**node, "test-fraction": 0.25})
+    assert held_out.test_y is not None and first.test_y is None
+    monkeypatch.setenv("FEDVLS_BASE_DIR", "/elsewhere")  # fedvls-data now means another folder
+    moved = N.node_client_data(cfg, node)
+    assert moved is not first and torch.equal(moved.x, first.x)
+    monkeypatch.delenv("FEDVLS_BASE_DIR")
+    assert N.node_client_data(cfg, node) is first
+    D.clear_cache()  # the dataset forgotten: its partition is cut again from the one loaded next
+    N.dataset_for(cfg)
+    again = N.node_client_data(cfg, node)
+    assert again is not first and torch.equal(again.x, first.x) and torch.equal(again.y, first.y)
 
 
 def test_partition_cache_invalidated_by_settings(tmp_path):

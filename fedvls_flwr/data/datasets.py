@@ -71,7 +71,7 @@ from fedvls_flwr.data.tinyimagenet import (
 )
 
 __all__ = [
-    "DATASETS", "DatasetBundle", "DatasetNotFoundError", "load_dataset", "clear_cache", "subsample_pool",
+    "DATASETS", "DatasetBundle", "DatasetNotFoundError", "load_dataset", "cache_generation", "clear_cache", "subsample_pool",
     "ImageFormat", "image_format", "FOLDER_IMAGE_EXTENSIONS", "FolderImages", "folder_image_list",
     "load_image_folder", "MNIST_MEAN", "MNIST_STD", "FMNIST_MEAN", "FMNIST_STD", "FMNIST_DEBIAN_DIR",
     "MNIST_FILES", "MNIST10K_SPLIT_SEED", "DIGITS_SPLIT_SEED", "TINYIMAGENET_URL", "TINYIMAGENET_CACHE_NAME",
@@ -152,10 +152,20 @@ def load_dataset(name: str, data_dir: str | Path, download: bool = False, pool_s
     return _load_cached(name, resolved, bool(download))
 
 
+#: How many times this process's bundles were forgotten (:func:`clear_cache`): what was worked
+#: out from a bundle holds while this has not changed.
+_generation = [0]
+
+
+def cache_generation() -> int:
+    return _generation[0]
+
+
 def clear_cache() -> None:
     """Forget the bundles cached in this process (tests, or to free memory)."""
     _load_cached.cache_clear()
     _subsampled_cached.cache_clear()
+    _generation[0] += 1
 
 
 #: Seed of the training-pool subsample: part of the subsample's definition, never the run seed,
