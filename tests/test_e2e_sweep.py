@@ -117,6 +117,30 @@ def test_tiny_preset_runs_end_to_end_and_its_table_matches_the_summaries(tmp_pat
         assert path.read_bytes()[:8] == PNG_SIGNATURE, path
 
 
+def test_a_sweeps_report_is_of_its_own_runs_when_its_folder_holds_another_presets(tmp_path):
+    """Several presets may share one output folder (the docs' Fashion-MNIST presets do): a
+    sweep's report tabulates its own runs, not another preset's run of the same method and seed
+    (which it would otherwise count, or count instead of its own)."""
+    out = tmp_path / "out"
+    other = tmp_path / "other.yaml"
+    other.write_text(PRESET.replace("name: tiny-e2e", "name: other-e2e").replace(
+        "  method: [fedavg, fedvls]\n", "  method: [fedavg]\n  lr: [0.5, 0.2]\n"))
+    foreign = [run["run-name"] for run in load_preset(other).runs]
+    assert len(foreign) == 2 and not set(foreign) & {FIRST, SECOND}, foreign
+    assert run_preset(load_preset(other), out, timeout=RUN_TIMEOUT, report=False)["statuses"] == \
+        dict.fromkeys(foreign, "completed")
+    result = run_preset(load_preset(write_preset(tmp_path)), out, timeout=RUN_TIMEOUT)
+    assert result["statuses"] == {FIRST: "completed", SECOND: "completed"}
+    rows = {row["method"]: row for row in read_csv(out / "report" / "results.csv")}
+    assert len(rows) == 2 and all(row["n"] == "1" and row["excluded"] == "" for row in rows.values()), rows
+    for name in (FIRST, SECOND):
+        summary = json.loads((out / name / "summary.json").read_text())
+        row = rows[method_label(summary["config"])]
+        assert float(row["best_mean"]) == pytest.approx(100 * summary["best_accuracy"], abs=1e-9, rel=0)
+    table = (out / "report" / "results.md").read_text()
+    assert not [name for name in foreign if name in table], table  # not even as runs left out
+
+
 def test_sweep_killed_after_its_first_run_resumes_without_rerunning_it(tmp_path):
     """Stronger form: the real command line is killed (its whole process tree) as soon as
     the first run's summary.json appears, then the same preset is run again in-process."""

@@ -141,6 +141,7 @@ def run_preset(
     check_data(preset)
     finished = _finished_runs(output_dir)
     todo, statuses = [], {}
+    own = []  # the preset's run folders (a twin's where the same run finished under another name): the report's
     for overrides in preset.runs:
         name = overrides["run-name"]
         run_config, federation = split_federation(overrides)
@@ -149,9 +150,12 @@ def run_preset(
         if (output_dir / name / SUMMARY_FILE).exists():
             _check_same_settings(output_dir / name, identity)
             statuses[name] = "skipped (finished earlier)"
+            own.append(output_dir / name)
         elif (twin := finished.get(_identity_key(identity))) is not None:
             statuses[name] = f"skipped (the same run finished as {twin})"
+            own.append(output_dir / twin)
         else:
+            own.append(output_dir / name)
             # resume=true: a run interrupted mid-way continues from its last checkpoint.
             todo.append(({**run_config, "output-dir": str(output_dir), "resume": True}, federation, identity))
     from fedvls_flwr.app.tracking import check_tracking
@@ -181,8 +185,9 @@ def run_preset(
         from fedvls_flwr.experiments.runs import NoRunsError
 
         try:
-            paths = make_report(output_dir, out_dir=output_dir / "report", rows=preset.table_rows,
-                                cols=preset.table_cols)
+            # the preset's own runs: other presets' runs in the same folder are not this table's
+            paths = make_report([d for d in dict.fromkeys(own) if d.is_dir()], out_dir=output_dir / "report",
+                                rows=preset.table_rows, cols=preset.table_cols)
             log(f"[sweep] report: {output_dir / 'report'}")
         except NoRunsError as err:  # every run failed: their logs are said above
             log(f"[sweep] no report: {err}")
@@ -406,7 +411,8 @@ def _parse_sets(items: list[str], option: str = "--set") -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fedvls sweep", description=__doc__.split("\n\n")[0])
     parser.add_argument("preset", help="a YAML preset, e.g. conf/table1-mnist10k.yaml")
-    parser.add_argument("--output-dir", "-o", help="where runs and the report go (default: ~/fedvls-runs/<preset name>)")
+    parser.add_argument("--output-dir", "-o",
+                        help="where runs go, and the report of this preset's runs (default: ~/fedvls-runs/<preset name>)")
     parser.add_argument("--seeds", help="comma-separated seeds, replacing the preset's")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a run-config key in every run; repeatable, and one --set may hold several "
