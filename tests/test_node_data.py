@@ -82,6 +82,7 @@ def test_a_node_served_again_is_answered_from_memory_until_what_it_depends_on_ch
     """A process holding a node's partition answers the node's next messages with it, its node
     config not parsed again; it works the data out again when a run setting, the node config,
     the environment a relative data-dir is resolved against, or the dataset cache changes."""
+    monkeypatch.delenv("FEDVLS_BASE_DIR", raising=False)  # whatever the shell running the tests set
     cfg = cfg_for(**{"data-dir": "fedvls-data"})
     node = {"partition-id": 1, "num-partitions": 3}
     N.dataset_for(cfg)  # the dataset in memory, as in a simulation's process
@@ -103,6 +104,54 @@ def test_a_node_served_again_is_answered_from_memory_until_what_it_depends_on_ch
     N.dataset_for(cfg)
     again = N.node_client_data(cfg, node)
     assert again is not first and torch.equal(again.x, first.x) and torch.equal(again.y, first.y)
+
+
+def test_a_data_dir_pointed_elsewhere_between_runs_gives_the_new_data(tmp_path, monkeypatch):
+    """A process that serves several runs (a sweep's worker) keeps a node's answer for one run
+    only: a data-dir that is a symbolic link repointed between runs, or a relative one read from
+    another working directory (a relative FEDVLS_BASE_DIR), gives the data now there in the next run."""
+    from tests.tiny_data import write_idx_dataset
+
+    one = write_idx_dataset(tmp_path / "one" / "MNIST" / "raw", n_train=60, n_test=20, seed=1)
+    two = write_idx_dataset(tmp_path / "two" / "MNIST" / "raw", n_train=60, n_test=20, seed=2)
+    assert not np.array_equal(one["train"][0], two["train"][0])
+    link = tmp_path / "current"
+    link.symlink_to(tmp_path / "one")
+    cfg = cfg_for(dataset="mnist", **{"data-dir": str(link), "min-partition-size": 1})
+    node = {"partition-id": 0, "num-partitions": 2}
+
+    def direct(name):  # the partition read from the folder itself, not through the link
+        at = cfg_for(dataset="mnist", **{"data-dir": str(tmp_path / name), "min-partition-size": 1})
+        N.dataset_for(at)
+        return N.node_client_data(at, node)
+
+    def same(a, b):
+        return torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
+
+    from_one_directly, from_two_directly = direct("one"), direct("two")
+    assert not torch.equal(from_one_directly.x, from_two_directly.x)
+    N.dataset_for(cfg)  # the dataset in memory, as in a simulation's process
+    first = N.node_client_data(cfg, node, run_id=1)
+    assert same(first, from_one_directly)
+    assert N.node_client_data(cfg, node, run_id=1) is first  # answered from memory
+    link.unlink()
+    link.symlink_to(tmp_path / "two")
+    N.dataset_for(cfg)
+    second = N.node_client_data(cfg, node, run_id=2)
+    assert same(second, from_two_directly)
+
+    relative = cfg_for(dataset="mnist", **{"data-dir": "data", "min-partition-size": 1})
+    for name in ("one", "two"):
+        (tmp_path / f"cwd-{name}").mkdir()
+        (tmp_path / f"cwd-{name}" / "data").symlink_to(tmp_path / name)
+    monkeypatch.setenv("FEDVLS_BASE_DIR", ".")  # a relative base: the working directory
+    monkeypatch.chdir(tmp_path / "cwd-one")
+    N.dataset_for(relative)
+    from_one = N.node_client_data(relative, node, run_id=3)
+    monkeypatch.chdir(tmp_path / "cwd-two")
+    N.dataset_for(relative)
+    from_two = N.node_client_data(relative, node, run_id=3)
+    assert same(from_one, from_one_directly) and same(from_two, from_two_directly)
 
 
 def test_partition_cache_invalidated_by_settings(tmp_path):

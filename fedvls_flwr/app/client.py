@@ -137,9 +137,11 @@ def received_downlink(content: RecordDict, device: torch.device) -> Received:
     return received
 
 
-def train_round(content: RecordDict, node_config: dict[str, Any], client_state: RecordDict | None = None) -> RecordDict:
+def train_round(content: RecordDict, node_config: dict[str, Any], client_state: RecordDict | None = None, *,
+                run_id: int | None = None) -> RecordDict:
     """One round of local training. ``client_state``: Flower's ``Context.state`` of this
-    node, read and updated for the methods that keep state between rounds."""
+    node, read and updated for the methods that keep state between rounds; ``run_id``: the
+    run's (:func:`~fedvls_flwr.data.node_data.node_client_data`)."""
     config = dict(config_in(content, keys.CONFIG).items())  # items(): not Flower's checked lookup per key
     cfg = parse_run_config(config, strict=False)
     server_round = integer(config.get(keys.SERVER_ROUND, 0))
@@ -149,7 +151,7 @@ def train_round(content: RecordDict, node_config: dict[str, Any], client_state: 
     device = resolve_device(cfg.device)
 
     t_data = time.perf_counter()
-    data = node_client_data(cfg, node_config)
+    data = node_client_data(cfg, node_config, run_id=run_id)
     emit(CLIENT_DATA, seconds=time.perf_counter() - t_data, partition=data.partition_id)
     partition_id = data.partition_id
     received = torch_state_dict(arrays_in(content, keys.ARRAYS))
@@ -211,7 +213,7 @@ def client_info(device: torch.device) -> ConfigRecord:
     return ConfigRecord({keys.DEVICE: describe_device(device), keys.NODE: where_it_runs()})
 
 
-def evaluate_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDict:
+def evaluate_round(content: RecordDict, node_config: dict[str, Any], *, run_id: int | None = None) -> RecordDict:
     """Federated evaluation: the received global model on this node's local test split.
 
     Replies per-class correct/total counts so the server can pool them exactly; a node
@@ -221,7 +223,7 @@ def evaluate_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDi
     if cfg.torch_threads > 0:
         torch.set_num_threads(cfg.torch_threads)
     set_deterministic(cfg.deterministic)
-    data = node_client_data(cfg, node_config)
+    data = node_client_data(cfg, node_config, run_id=run_id)
     metrics: dict[str, MetricValue] = {keys.NUM_EXAMPLES: 0, keys.PARTITION_ID: data.partition_id}
     if data.test_x is not None and data.test_y is not None and data.test_y.numel() > 0:
         device = resolve_device(cfg.device)
@@ -242,7 +244,7 @@ def evaluate_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDi
     return RecordDict({keys.METRICS: MetricRecord(metrics)})
 
 
-def query_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDict:
+def query_round(content: RecordDict, node_config: dict[str, Any], *, run_id: int | None = None) -> RecordDict:
     """Which partition / site this node is (from its node config; no data is loaded), so
     the server can sample by partition id, and which device it would train on, so the
     server can tell before round 1 that a GPU would go unused."""
@@ -254,7 +256,7 @@ def query_round(content: RecordDict, node_config: dict[str, Any]) -> RecordDict:
         # only what the run's parts declare (Part.shares) leaves the site, whatever is asked
         cfg = parse_run_config(config, strict=False)
         if "class-counts" in wanted & site_shares(cfg.to_flower()):
-            data = node_client_data(cfg, node_config)
+            data = node_client_data(cfg, node_config, run_id=run_id)
             metrics[keys.CLASS_COUNTS] = [int(c) for c in torch.bincount(data.y, minlength=data.num_classes).tolist()]
     return RecordDict({
         keys.METRICS: MetricRecord(metrics),

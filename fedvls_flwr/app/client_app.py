@@ -20,15 +20,16 @@ app = ClientApp(mods=[guard_supernode])  # deployment: stop training for a Super
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     with naming_the_site(dict(context.node_config)):
-        return Message(content=train_round(msg.content, dict(context.node_config), context.state), reply_to=msg)
+        return Message(content=train_round(msg.content, dict(context.node_config), context.state,
+                                           run_id=context.run_id), reply_to=msg)
 
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     with naming_the_site(dict(context.node_config)):
-        return Message(content=evaluate_round(msg.content, dict(context.node_config)), reply_to=msg)
+        return Message(content=evaluate_round(msg.content, dict(context.node_config), run_id=context.run_id), reply_to=msg)
 
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
-    return Message(content=query_round(msg.content, dict(context.node_config)), reply_to=msg)
+    return Message(content=query_round(msg.content, dict(context.node_config), run_id=context.run_id), reply_to=msg)

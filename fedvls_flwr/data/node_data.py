@@ -407,20 +407,27 @@ def _synthetic_client(spec: NodeSpec, cfg: RunConfig) -> ClientData:
 
 
 #: node_client_data's answers for partitions this process holds in memory (``_PREPARED``), by the
-#: raw inputs they were worked out from: the node config's items, the run settings a partition
-#: depends on, and the environment variables its paths are resolved with. A node whose data this
-#: process holds then costs a dictionary lookup, not its node config parsed, two paths resolved
-#: on the file system and a digest (0.1-0.2 ms a message, a tenth of a FedConcat head round's
-#: client). An answer holds while the dataset cache is the one it was cut from
+#: raw inputs they were worked out from: the run, the node config's items, the run settings a
+#: partition depends on, the working directory and the environment variables its paths are
+#: resolved with. A node whose data this process holds then costs a dictionary lookup, not its
+#: node config parsed, two paths resolved on the file system and a digest (0.1-0.2 ms a message,
+#: a tenth of a FedConcat head round's client). An answer holds for one run (a process that
+#: serves several runs, a sweep's, works each node's data out again in the next: a data-dir that
+#: is a symbolic link pointed elsewhere between runs is seen), while the
+#: dataset cache is the one it was cut from
 #: (:func:`~fedvls_flwr.data.datasets.cache_generation`) and ``_PREPARED`` still keeps it.
 _ANSWERED: dict[tuple[Any, ...], tuple[int, str, ClientData]] = {}
 _PATH_ENVIRONMENT = ("FEDVLS_BASE_DIR", "HOME", "FEDVLS_CACHE_DIR", "XDG_CACHE_HOME")
 
 
-def _answer_key(cfg: RunConfig, node_config: dict[str, Any]) -> tuple[Any, ...] | None:
+def _answer_key(cfg: RunConfig, node_config: dict[str, Any], run_id: int | None) -> tuple[Any, ...] | None:
     if cfg.dataset == "synthetic":
         return None
-    key = (tuple(sorted(node_config.items())), tuple(os.environ.get(name) for name in _PATH_ENVIRONMENT),
+    try:
+        cwd = os.getcwd()
+    except OSError:  # the working directory was removed: worked out every time
+        return None
+    key = (run_id, cwd, tuple(sorted(node_config.items())), tuple(os.environ.get(name) for name in _PATH_ENVIRONMENT),
            cfg.dataset, cfg.data_dir, cfg.download, cfg.train_pool_size, cfg.partition, cfg.seed,
            cfg.dirichlet_beta, cfg.shards_per_client, cfg.min_partition_size)
     try:
@@ -430,13 +437,15 @@ def _answer_key(cfg: RunConfig, node_config: dict[str, Any]) -> tuple[Any, ...] 
     return key
 
 
-def node_client_data(cfg: RunConfig, node_config: dict[str, Any]) -> ClientData:
-    """This node's training data (and optional local test split), either form.
+def node_client_data(cfg: RunConfig, node_config: dict[str, Any], *, run_id: int | None = None) -> ClientData:
+    """This node's training data (and optional local test split), either form. ``run_id``: the
+    run asking (Flower's ``Context.run_id``); what was worked out for one run is not the answer
+    in another.
 
     Raises :class:`NodeDataError` / :class:`~fedvls_flwr.data.bundle.DatasetNotFoundError` with a
     message that names the node config and says what to fix.
     """
-    key = _answer_key(cfg, node_config)
+    key = _answer_key(cfg, node_config, run_id)
     answered = None if key is None else _ANSWERED.get(key)
     if answered is not None:
         generation, memory_key, data = answered
