@@ -168,7 +168,7 @@ def _generators_shared() -> None:
 
     from fedvls_flwr.ops import inprocess
 
-    inprocess.generators_apart = contextlib.nullcontext  # type: ignore[assignment]
+    inprocess.generators_apart = lambda _clients: contextlib.nullcontext()  # type: ignore[assignment]
 
 
 def _no_events() -> None:

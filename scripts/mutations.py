@@ -388,8 +388,14 @@ MUTATIONS: list[Mutation] = [
     Mutation("client-draws-reach-the-server", "engine", "the clients the in-process engine runs in the server's "
              "process draw from the server's random generators and leave them advanced, where under flwr run they "
              "are other processes",
-             "fedvls_flwr/ops/inprocess.py", "with generators_apart() if self.pool is None else nullcontext():",
+             "fedvls_flwr/ops/inprocess.py",
+             "with generators_apart(self.client_generators) if self.pool is None else nullcontext():",
              "with nullcontext():", ("tests/test_client_workers.py",)),
+    Mutation("client-draws-restart-every-round", "engine", "the clients the in-process engine runs in the server's "
+             "process start every round from the server's random generators, drawing the same numbers round after "
+             "round, where a Ray actor's go on",
+             "fedvls_flwr/ops/client_worker.py", "        clients.state = _generators_now()\n", "",
+             ("tests/test_client_workers.py",)),
     Mutation("kept-head-bias-not-loaded", "new methods", "a FedConcat node reusing the process's concatenated model "
              "loads the received head's weight but keeps the last node's bias",
              "fedvls_flwr/algorithms/fedconcat.py", "        linear.bias.copy_(bias)\n", "", ("tests/test_fedconcat.py",)),

@@ -296,8 +296,9 @@ def test_a_message_and_its_reply_carry_what_flowers_wire_gives_with_or_without_w
 def test_the_servers_random_generators_never_see_what_its_clients_draw(workers):
     """Clients that draw from the global generators (Python's, numpy's, torch's) leave the
     server's process's generators as they were, also when they run in that process; the messages
-    one process serves draw from its generators in turn, as a Ray actor's messages do (the same
-    numbers for every client would be no process's behaviour)."""
+    one process serves draw from its generators in turn, round after round, as a Ray actor's
+    messages do (the same numbers for every client, or every round, would be no process's
+    behaviour)."""
     import random
 
     import torch
@@ -308,16 +309,18 @@ def test_the_servers_random_generators_never_see_what_its_clients_draw(workers):
         grid, pool = pool_grid(workers=workers, nodes=3)
     else:
         grid, pool = InProcessGrid(worker_apps.app, Run.create_empty(11), {}, 3), None
+    drawn = []
     with pool if pool is not None else contextlib.nullcontext():
-        before = random.getstate(), np.random.get_state(), torch.get_rng_state()
-        replies = train_round(grid, dict.fromkeys(range(3), "draw"))
-        after = random.getstate(), np.random.get_state(), torch.get_rng_state()
-    assert after[0] == before[0]
-    assert all(np.array_equal(a, b) for a, b in zip(after[1], before[1]))
-    assert torch.equal(after[2], before[2])
-    drawn = [list(r.content.metric_records["metrics"]["drawn"]) for _, r in sorted(replies.items())]
-    for generator in range(3):  # Python's, numpy's, torch's: each message drew a number of its own
-        assert len({d[generator] for d in drawn}) == 3, drawn
+        for _round in range(2):
+            before = random.getstate(), np.random.get_state(), torch.get_rng_state()
+            replies = train_round(grid, dict.fromkeys(range(3), "draw"))
+            after = random.getstate(), np.random.get_state(), torch.get_rng_state()
+            assert after[0] == before[0]
+            assert all(np.array_equal(a, b) for a, b in zip(after[1], before[1]))
+            assert torch.equal(after[2], before[2])
+            drawn += [list(r.content.metric_records["metrics"]["drawn"]) for _, r in sorted(replies.items())]
+    for generator in range(3):  # Python's, numpy's, torch's: each message of both rounds drew a number of its own
+        assert len({d[generator] for d in drawn}) == 6, drawn
 
 
 def test_one_nodes_messages_run_one_after_another():

@@ -41,8 +41,8 @@ from flwr.common.constant import ErrorCode
 from fedvls_flwr.ops.flower_internals import copied_metadata, records_copy, values_copy, wire_values
 from fedvls_flwr.ops.processes import die_with_parent
 
-__all__ = ["Bulk", "client_threads", "decode_records", "encode_records", "generators_apart", "load_client_app",
-           "run_client", "stamped", "worker_main"]
+__all__ = ["Bulk", "ClientGenerators", "client_threads", "decode_records", "encode_records", "generators_apart",
+           "load_client_app", "run_client", "stamped", "worker_main"]
 
 #: Where the shared-memory files live (tmpfs); without it, everything goes through the socket.
 SHM_DIR = Path("/dev/shm")
@@ -65,26 +65,56 @@ def client_threads(threads: int) -> Iterator[None]:
         torch.set_num_threads(outer_threads)
 
 
-@contextmanager
-def generators_apart() -> Iterator[None]:
-    """The process's random generators (Python's, numpy's global one, torch's CPU and CUDA ones)
-    as they were before, once what runs inside is done.
+class ClientGenerators:
+    """Where the global random generators of the clients that run in a server's process are
+    kept between rounds: those clients continue their own sequence, as a Ray actor's messages
+    do, instead of starting again from the server's every round."""
 
-    The in-process engine runs a round's clients in the ServerApp's own process; around them, this
-    keeps the server's draws what they are under ``flwr run``, where clients are other processes.
-    The clients inside draw from the generators in turn, as the messages a Ray actor serves do
-    (each message's save and restore cost a tenth of a FedConcat head round's client, numpy's
-    state alone 70 µs each way). A client worker, a process of its own, needs no such fence."""
+    def __init__(self) -> None:
+        self.state: tuple[Any, ...] | None = None  # None: the clients have not drawn yet
+
+
+def _generators_now() -> tuple[Any, ...]:
     import torch
 
-    py_state, np_state = random.getstate(), np.random.get_state()
-    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
-    with torch.random.fork_rng(devices=devices):
-        try:
-            yield
-        finally:
-            random.setstate(py_state)
-            np.random.set_state(np_state)
+    cuda = ({d: torch.cuda.get_rng_state(d) for d in range(torch.cuda.device_count())}
+            if torch.cuda.is_initialized() else {})
+    return random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda
+
+
+def _set_generators(state: tuple[Any, ...]) -> None:
+    import torch
+
+    py_state, np_state, torch_state, cuda = state
+    random.setstate(py_state)
+    np.random.set_state(np_state)
+    torch.set_rng_state(torch_state)
+    for device, device_state in cuda.items():
+        torch.cuda.set_rng_state(device_state, device)
+
+
+@contextmanager
+def generators_apart(clients: ClientGenerators) -> Iterator[None]:
+    """The process's random generators (Python's, numpy's global one, torch's CPU and CUDA ones)
+    as the clients in ``clients`` left them while what runs inside runs, and as they were before
+    once it is done.
+
+    The in-process engine runs a round's clients in the ServerApp's own process; around them,
+    this keeps the server's draws what they are under ``flwr run``, where clients are other
+    processes, and the clients' draws a sequence of their own that goes on from round to round,
+    as a Ray actor's (the first round's clients start from the server's state at that moment).
+    The clients inside draw from the generators in turn, as the messages a Ray actor serves do
+    (each message's save and restore would cost a tenth of a FedConcat head round's client,
+    numpy's state alone 70 µs each way). A client worker, a process of its own, needs no such
+    fence."""
+    server = _generators_now()
+    if clients.state is not None:
+        _set_generators(clients.state)
+    try:
+        yield
+    finally:
+        clients.state = _generators_now()
+        _set_generators(server)
 
 
 def run_client(client_app: ClientApp, message: Message, context: Context, threads: int) -> tuple[Message, bool]:

@@ -54,7 +54,7 @@ from fedvls_flwr.app.server_app import RUN_RECORD
 from fedvls_flwr.app.server_app import app as server_app
 from fedvls_flwr.config.run_config import ConfigError, RunConfig
 from fedvls_flwr.ops.client_pool import PROJECT_CLIENT_APP, ClientPool
-from fedvls_flwr.ops.client_worker import generators_apart, run_client, stamped
+from fedvls_flwr.ops.client_worker import ClientGenerators, generators_apart, run_client, stamped
 from fedvls_flwr.ops.flower_internals import own_copy, set_message_id, task_identity
 from fedvls_flwr.ops.launch import PROJECT_DIR
 from fedvls_flwr.ops.resources import (
@@ -95,6 +95,7 @@ class InProcessGrid(Grid):
         self._run = run
         self.client_threads = client_threads
         self.pool = pool  # None: every message runs here, when it is pushed
+        self.client_generators = ClientGenerators()  # theirs, when they run here
         self.contexts: dict[int, Context] = {}
         for partition, node_id in enumerate(_new_node_ids(num_nodes)):
             node_config: dict[str, bool | float | int | str] = {PARTITION_ID_KEY: partition, NUM_PARTITIONS_KEY: num_nodes}
@@ -125,7 +126,8 @@ class InProcessGrid(Grid):
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         ids, batch = [], []
-        with generators_apart() if self.pool is None else nullcontext():  # the clients run here, beside the server
+        # without workers the clients run here, beside the server
+        with generators_apart(self.client_generators) if self.pool is None else nullcontext():
             for message in messages:
                 set_message_id(message, str(uuid4()))
                 if message.metadata.dst_node_id not in self.contexts:
