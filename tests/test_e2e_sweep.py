@@ -86,7 +86,7 @@ def test_tiny_preset_runs_end_to_end_and_its_table_matches_the_summaries(tmp_pat
     assert nodes[0] == nodes[1] == {socket.gethostname()}, nodes
     assert (out / FIRST / "run.log").read_text().count("round 1/1: accuracy") == 1
 
-    report_dir = out / "report"
+    report_dir = out / "report" / "tiny-e2e"  # the preset's own report folder
     md_path, csv_path = report_dir / "results.md", report_dir / "results.csv"
     assert result["report"]["table_md"] == md_path and result["report"]["table_csv"] == csv_path
     rows = read_csv(csv_path)
@@ -127,18 +127,20 @@ def test_a_sweeps_report_is_of_its_own_runs_when_its_folder_holds_another_preset
         "  method: [fedavg, fedvls]\n", "  method: [fedavg]\n  lr: [0.5, 0.2]\n"))
     foreign = [run["run-name"] for run in load_preset(other).runs]
     assert len(foreign) == 2 and not set(foreign) & {FIRST, SECOND}, foreign
-    assert run_preset(load_preset(other), out, timeout=RUN_TIMEOUT, report=False)["statuses"] == \
-        dict.fromkeys(foreign, "completed")
+    assert run_preset(load_preset(other), out, timeout=RUN_TIMEOUT)["statuses"] == dict.fromkeys(foreign, "completed")
+    others_report = (out / "report" / "other-e2e" / "results.md").read_text()
     result = run_preset(load_preset(write_preset(tmp_path)), out, timeout=RUN_TIMEOUT)
     assert result["statuses"] == {FIRST: "completed", SECOND: "completed"}
-    rows = {row["method"]: row for row in read_csv(out / "report" / "results.csv")}
+    rows = {row["method"]: row for row in read_csv(out / "report" / "tiny-e2e" / "results.csv")}
     assert len(rows) == 2 and all(row["n"] == "1" and row["excluded"] == "" for row in rows.values()), rows
     for name in (FIRST, SECOND):
         summary = json.loads((out / name / "summary.json").read_text())
         row = rows[method_label(summary["config"])]
         assert float(row["best_mean"]) == pytest.approx(100 * summary["best_accuracy"], abs=1e-9, rel=0)
-    table = (out / "report" / "results.md").read_text()
+    table = (out / "report" / "tiny-e2e" / "results.md").read_text()
     assert not [name for name in foreign if name in table], table  # not even as runs left out
+    # each preset's report in its own folder: the other's is as its sweep wrote it
+    assert (out / "report" / "other-e2e" / "results.md").read_text() == others_report
 
 
 def test_sweep_killed_after_its_first_run_resumes_without_rerunning_it(tmp_path):
@@ -194,7 +196,7 @@ def test_sweep_killed_after_its_first_run_resumes_without_rerunning_it(tmp_path)
 
     second = json.loads((out / SECOND / "summary.json").read_text())
     assert second["status"] == "completed" and second["rounds_completed"] == ROUNDS_TO_INTERRUPT
-    labels = {row["method"] for row in read_csv(out / "report" / "results.csv")}
+    labels = {row["method"] for row in read_csv(out / "report" / "tiny-e2e" / "results.csv")}
     assert labels == {"FedAvg", "FedVLS"}
 
 

@@ -349,3 +349,25 @@ def test_a_sweep_on_flower_without_ray_says_so_in_one_line(tmp_path):
         "error: --engine flwr: every run is a flwr run in Flower's Ray simulation, but Ray cannot be imported here "
         "(ModuleNotFoundError: No module named 'ray'). Install it (pip install \"flwr[simulation]\"; "
         "scripts/setup.sh does), or run the sweep in-process: --engine inprocess"]
+
+
+def test_a_stopped_sweep_counts_its_runs_another_preset_finished(tmp_path):
+    """The stop message counts a run finished under the preset's own name and a run it would
+    skip because another preset in the same folder finished the same experiment."""
+    from fedvls_flwr.app.results import SUMMARY_FILE
+    from fedvls_flwr.experiments import sweep
+
+    path = tmp_path / "p.yaml"
+    path.write_text("name: p\nbase: {dataset: digits}\ngrid: {method: [fedavg, fedvls, fedlc]}\n"
+                    "federation: {num-supernodes: 4}\n")
+    preset = load_preset(path)
+    out = tmp_path / "out"
+    (out / preset.runs[0]["run-name"]).mkdir(parents=True)  # finished under its own name
+    (out / preset.runs[0]["run-name"] / SUMMARY_FILE).write_text('{"status": "completed"}')
+    run_config, federation = split_federation(preset.runs[1])
+    identity = sweep.experiment_identity(run_config, {**preset.federation, **federation}["num-supernodes"])
+    (out / "other-presets-name").mkdir()  # the same experiment, finished as another preset's run
+    (out / "other-presets-name" / sweep.RUN_FILE).write_text(__import__("json").dumps({"identity": identity}))
+    (out / "other-presets-name" / SUMMARY_FILE).write_text('{"status": "completed"}')
+    assert sweep.kept_after_stop(preset, out, [str(path)]).startswith(f"2 of 3 runs are finished in {out}")
+    assert sweep.sweep_report_dir(preset, out) == out / "report" / "p"

@@ -569,3 +569,22 @@ def test_runs_differing_only_in_a_setting_they_do_not_read_are_not_noted_as_mixe
     _write_run(tmp_path / "c", _config("fedavg", 2, **{**fedgf, "fedgf-c": 0.5}), 0.9, 0.9)
     assert any("runs differ in: fedgf-c" in note and "fedgf-threshold" not in note
                for note in table(load_runs(tmp_path)).notes)
+
+
+def test_a_report_written_again_leaves_no_file_of_the_last_one_it_no_longer_writes(tmp_path):
+    """A row the runs no longer have: its plots go with it (they would read as this report's);
+    a file of the user's in the report folder stays."""
+    root = tmp_path / "runs"
+    for beta, name in ((0.5, "a"), (0.1, "b")):
+        _write_run(root / name, _config("fedavg", 0, **{"dirichlet-beta": beta}), 0.8, 0.7)
+    out = tmp_path / "report"
+    first = make_report(root, out)
+    (out / "notes.txt").write_text("mine")
+    plots_of_b = [p for k, p in first.items() if "0.1" in k]
+    assert plots_of_b and all(p.is_file() for p in plots_of_b)
+    import shutil
+
+    shutil.rmtree(root / "b")
+    second = make_report(root, out)
+    assert not any(p.exists() for p in plots_of_b)
+    assert {p for p in out.iterdir()} == set(second.values()) | {out / "notes.txt"}

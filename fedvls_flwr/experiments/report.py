@@ -116,7 +116,9 @@ def make_report(
     Output (default ``<root>/report``): results.md/.csv; per table row (dataset x
     partition ...): ``accuracy-<row>.png`` and ``per-class-<row>.png``; one
     ``partition-<row>-s<seed>.png`` per distinct recorded partition; diagnostics.md and
-    stages.md (/.csv) where runs recorded them. Returns name -> path;
+    stages.md (/.csv) where runs recorded them. Files of those names that an earlier report left
+    in ``out_dir`` and this one does not write (a row it no longer has) are removed: the folder
+    shows one report; other files in it are left alone. Returns name -> path;
     ``left_out`` (a list) receives the run folders not tabulated, each with why; ``notes``
     the tabulated runs whose rounds.jsonl lacks rounds their summary.json says completed.
 
@@ -125,7 +127,7 @@ def make_report(
     :class:`ReportInputError` (nothing written) for a ``gaps`` label the table has no column for.
     """
     runs, skipped = find_runs(root)
-    where = root if isinstance(root, (str, Path)) else ", ".join(map(str, root))
+    where = root if isinstance(root, (str, Path)) else (", ".join(map(str, root)) or "no folder (none was given)")
     incomplete = [f"{r.path}: {why} (--include-incomplete tabulates it)" for r in runs
                   if (why := r.incomplete()) is not None and not include_incomplete]
     if not runs or len(incomplete) == len(runs):
@@ -186,7 +188,22 @@ def make_report(
                 name = f"{name}-{len(seen)}"
             title = f"Label distribution — {_common_title([run])}, seed {run.seed}"
             written[name] = plot_partition(clients, out_dir / f"{name}.png", title=title)
+    _remove_stale(out_dir, written.values())
     return written
+
+
+#: The files a report writes (:func:`make_report`); only these are removed as stale.
+REPORT_FILES = ("results.md", "results.csv", "diagnostics.md", "diagnostics.csv", "stages.md", "stages.csv",
+                "gaps.md", "gaps.csv", "gaps.png", "accuracy-*.png", "per-class-*.png", "partition-*.png")
+
+
+def _remove_stale(out_dir: Path, written: Iterable[Path]) -> None:
+    """An earlier report's files this one did not write again: left, they would read as part of it."""
+    kept = {Path(p).resolve() for p in written}
+    for pattern in REPORT_FILES:
+        for path in out_dir.glob(pattern):
+            if path.is_file() and path.resolve() not in kept:
+                path.unlink()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

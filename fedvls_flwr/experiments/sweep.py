@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import errno
 import json
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -184,14 +185,21 @@ def run_preset(
         from fedvls_flwr.experiments.report import make_report
         from fedvls_flwr.experiments.runs import NoRunsError
 
+        # the preset's own runs, in a folder of the preset's own: presets may share an output folder
+        report_dir = sweep_report_dir(preset, output_dir)
         try:
-            # the preset's own runs: other presets' runs in the same folder are not this table's
-            paths = make_report([d for d in dict.fromkeys(own) if d.is_dir()], out_dir=output_dir / "report",
-                                rows=preset.table_rows, cols=preset.table_cols)
-            log(f"[sweep] report: {output_dir / 'report'}")
+            if not (folders := [d for d in dict.fromkeys(own) if d.is_dir()]):
+                raise NoRunsError(f"none of the preset's {len(own)} runs has a folder in {output_dir}")
+            paths = make_report(folders, out_dir=report_dir, rows=preset.table_rows, cols=preset.table_cols)
+            log(f"[sweep] report: {report_dir}")
         except NoRunsError as err:  # every run failed: their logs are said above
             log(f"[sweep] no report: {err}")
     return {"statuses": statuses, "report": paths}
+
+
+def sweep_report_dir(preset: Preset, output_dir: Path) -> Path:
+    """``<output>/report/<preset name>``: each preset's report apart, whichever presets share the folder."""
+    return Path(output_dir) / "report" / (re.sub(r"[^A-Za-z0-9._-]+", "-", preset.name).strip("-.") or "preset")
 
 
 def _record_start(output_dir: Path, run_config: dict[str, Any], federation: dict[str, Any],
@@ -336,7 +344,12 @@ def kept_after_stop(preset: Preset, output_dir: Path, argv: list[str]) -> str:
     from fedvls_flwr.ops.processes import shell_word
 
     names = [r["run-name"] for r in preset.runs]
-    finished = sum(1 for name in names if _completed(output_dir / name))
+    twins = _finished_runs(output_dir) if output_dir.is_dir() else {}
+    finished = 0
+    for overrides in preset.runs:  # finished under its own name, or as another preset's same run
+        run_config, federation = split_federation(overrides)
+        identity = experiment_identity(run_config, {**preset.federation, **federation}.get("num-supernodes"))
+        finished += _completed(output_dir / overrides["run-name"]) or _identity_key(identity) in twins
     again = " ".join(["fedvls", "sweep", *map(shell_word, argv)])
     return (f"{finished} of {len(names)} runs are finished in {output_dir}, and a run stopped midway keeps its "
             f"saved rounds; to continue (finished runs are skipped, the others resume): {again}")
