@@ -396,6 +396,17 @@ MUTATIONS: list[Mutation] = [
              "round, where a Ray actor's go on",
              "fedvls_flwr/ops/client_worker.py", "        clients.state = _generators_now()\n", "",
              ("tests/test_client_workers.py",)),
+    Mutation("frozen-arrays-not-read-back", "checkpoint and resume", "a checkpoint that takes the arrays that "
+             "stopped changing from its frozen file is read without them (a FedConcat run resumed in stage 2 "
+             "without its encoders)",
+             "fedvls_flwr/app/results.py", "        arrays.update({str(name): frozen[str(name)] for name in names.tolist()})\n",
+             "", ("tests/test_results.py",)),
+    Mutation("frozen-file-kept-stale", "checkpoint and resume", "a frozen file written for arrays that then "
+             "changed is still named by the checkpoint (the old values read back on resume)",
+             "fedvls_flwr/app/results.py",
+             "frozen = {k for k, v in large.items() if (kept := self._frozen.get(k)) is not None and (kept is v or kept == v)}",
+             "frozen = {k for k, v in large.items() if (kept := self._frozen.get(k)) is not None}",
+             ("tests/test_results.py",)),
     Mutation("kept-head-bias-not-loaded", "new methods", "a FedConcat node reusing the process's concatenated model "
              "loads the received head's weight but keeps the last node's bias",
              "fedvls_flwr/algorithms/fedconcat.py", "        linear.bias.copy_(bias)\n", "", ("tests/test_fedconcat.py",)),

@@ -427,12 +427,21 @@ def test_k_equal_one_stage_one_is_fedavg(tmp_path):
 
 
 @pytest.mark.parametrize("stop_at", [2, 4])  # killed in stage 1 (round 2), in stage 2 (round 4)
-def test_resumed_in_either_stage_equals_a_straight_run(tmp_path, stop_at):
+def test_resumed_in_either_stage_equals_a_straight_run(tmp_path, stop_at, monkeypatch):
+    from fedvls_flwr.app import results
+
+    monkeypatch.setattr(results, "FROZEN_MIN_BYTES", 0)  # digits' small encoders too go to the frozen file
     straight = run_experiment(ConcatGrid(), concat_config(tmp_path / "a"))
     with pytest.raises(KeyboardInterrupt):
         run_experiment(ConcatGrid(stop_at=stop_at), concat_config(tmp_path / "b"))
+    if stop_at == 4:  # round 3's checkpoint takes the encoders, unchanged since round 2, from the frozen file
+        names = results.load_arrays(tmp_path / "b" / "r" / results.CHECKPOINT_FILE)[results.CHECKPOINT_FROZEN_KEYS]
+        assert any(str(name).startswith("encoder1/") for name in names.tolist())
+        assert len(list((tmp_path / "b" / "r").glob(f"{results.FROZEN_FILE_PREFIX}*.npz"))) == 1
     resumed = run_experiment(ConcatGrid(), concat_config(tmp_path / "b", resume=True))
     assert history(resumed) == history(straight)
+    final, again = results.load_arrays(straight / results.MODEL_FILE), results.load_arrays(resumed / results.MODEL_FILE)
+    assert final.keys() == again.keys() and all(np.array_equal(final[k], again[k]) for k in final)
     assert [h[1] for h in history(straight)] == [1, 1, 1, 2, 2, 2]
     assert all(h[2] is None for h in history(straight)[:3]) and all(h[2] is not None for h in history(straight)[3:])
     about = json.loads((straight / "protocol.json").read_text())

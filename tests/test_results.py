@@ -59,3 +59,55 @@ def test_arrays_given_as_npy_bytes_are_stored_as_they_are_and_read_back_as_np_sa
     for key in want:
         assert got[key].dtype == want[key].dtype and got[key].shape == want[key].shape
         np.testing.assert_array_equal(got[key], want[key])
+
+
+def test_arrays_that_stopped_changing_are_written_once_beside_the_checkpoints(tmp_path):
+    """A large array equal in two checkpoints in a row goes to a frozen file written once; every
+    checkpoint read back is what was saved; one that changes again is written inline again; the
+    frozen file no checkpoint names is removed; the same arrays give the same file."""
+    from fedvls_flwr.app.messages import npy_array
+
+    def payload(value):
+        return npy_array(np.asarray(value, np.float32)).data
+
+    big = payload(np.arange(results.FROZEN_MIN_BYTES // 4, dtype=np.float32))
+    other = payload(np.ones(results.FROZEN_MIN_BYTES // 4))
+    writer = RunWriter(tmp_path)
+    frozen_files = []
+    for server_round in range(1, 6):
+        arrays = {"encoder": big, "head": payload(np.full(3, server_round)),
+                  "late": other if server_round < 4 else payload(np.full(results.FROZEN_MIN_BYTES // 4, server_round))}
+        writer.save_checkpoint(arrays, server_round)
+        done, loaded = results.load_checkpoint(tmp_path / results.CHECKPOINT_FILE)
+        assert done == server_round and loaded.keys() == arrays.keys()
+        for key, value in arrays.items():
+            np.testing.assert_array_equal(loaded[key], np.load(__import__("io").BytesIO(value)))
+        frozen_files.append(sorted(p.name for p in tmp_path.glob(f"{results.FROZEN_FILE_PREFIX}*.npz")))
+        inline = load_arrays(tmp_path / results.CHECKPOINT_FILE)
+        if server_round == 1:
+            assert frozen_files[-1] == [] and "encoder" in inline
+        else:  # from round 2 on, the unchanged encoder is not in the checkpoint
+            assert len(frozen_files[-1]) == 1 and "encoder" not in inline and "head" in inline
+        assert ("late" in inline) == (server_round in (1, 4, 5))
+    assert frozen_files[1] == frozen_files[2] == frozen_files[3] == frozen_files[4]  # written in round 2 only
+    again = RunWriter(tmp_path / "again")  # a resumed run's writer: the same frozen arrays, the same file name
+    again.save_checkpoint({"encoder": big, "late": other}, 1)
+    again.save_checkpoint({"encoder": big, "late": other}, 2)
+    assert sorted(p.name for p in (tmp_path / "again").glob(f"{results.FROZEN_FILE_PREFIX}*.npz")) == frozen_files[1]
+    again.save_checkpoint({"encoder": big, "late": payload(np.zeros(results.FROZEN_MIN_BYTES // 4))}, 3)
+    again.save_checkpoint({"encoder": big, "late": payload(np.zeros(results.FROZEN_MIN_BYTES // 4))}, 4)
+    assert len(list((tmp_path / "again").glob(f"{results.FROZEN_FILE_PREFIX}*.npz"))) == 1  # the stale one removed
+
+
+def test_a_missing_frozen_file_ends_the_resume_naming_it(tmp_path):
+    writer = RunWriter(tmp_path)
+    big = np.zeros(results.FROZEN_MIN_BYTES // 4, np.float32)
+    from fedvls_flwr.app.messages import npy_array
+
+    for server_round in (1, 2):
+        writer.append_round({"round": server_round, "accuracy": 0.5})
+        writer.save_checkpoint({"encoder": npy_array(big).data}, server_round)
+    (frozen,) = tmp_path.glob(f"{results.FROZEN_FILE_PREFIX}*.npz")
+    frozen.unlink()
+    with pytest.raises(results.RunFolderError, match=f"resume: {frozen} is missing"):
+        results._load_checkpoint_for_resume(tmp_path / results.CHECKPOINT_FILE, 2)

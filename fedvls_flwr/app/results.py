@@ -48,6 +48,17 @@ CONFIG_FILE = "config.json"
 #: Key of the 0-d int64 array in checkpoint.npz that records the round it holds (a checkpoint
 #: without it is still read: state.json then says which round it is).
 CHECKPOINT_ROUND_KEY = "__fedvls_round__"
+#: Arrays that stopped changing (FedConcat's frozen encoders, from the end of its first stage
+#: on) are written once, to ``checkpoint-frozen-<digest>.npz`` beside the checkpoint, instead of
+#: into every round's checkpoint; the checkpoint names that file's digest (this key, a 0-d
+#: string array) and the arrays it takes from it (:data:`CHECKPOINT_FROZEN_KEYS`).
+#: :func:`load_checkpoint` puts them together.
+CHECKPOINT_FROZEN_DIGEST = "__fedvls_frozen_digest__"
+CHECKPOINT_FROZEN_KEYS = "__fedvls_frozen_keys__"
+FROZEN_FILE_PREFIX = "checkpoint-frozen-"
+#: An array (its .npy bytes) smaller than this stays in the checkpoint, changed or not: only
+#: large ones are worth a file of their own.
+FROZEN_MIN_BYTES = 64 * 1024
 #: Settings that may differ between a run and its resumption (everything else must match).
 #: output-dir and run-name: the folder is the run's identity, not its path - a run folder
 #: moved elsewhere (e.g. off a full disk) continues there.
@@ -136,10 +147,36 @@ def save_checkpoint(path: Path, arrays: Mapping[str, np.ndarray | bytes], server
 
 
 def load_checkpoint(path: Path) -> tuple[int | None, dict[str, np.ndarray]]:
-    """(the round it holds, or None for an older checkpoint without it; the model's arrays)."""
+    """(the round it holds, or None for an older checkpoint without it; the model's arrays),
+    those kept in the frozen file it names (:data:`CHECKPOINT_FROZEN_DIGEST`) included.
+
+    Raises FileNotFoundError naming the frozen file when it is gone, KeyError when it lacks an
+    array the checkpoint takes from it."""
+    path = Path(path)
     arrays = load_arrays(path)
     stamp = arrays.pop(CHECKPOINT_ROUND_KEY, None)
+    digest, names = arrays.pop(CHECKPOINT_FROZEN_DIGEST, None), arrays.pop(CHECKPOINT_FROZEN_KEYS, None)
+    if digest is not None and names is not None:
+        frozen_path = path.parent / f"{FROZEN_FILE_PREFIX}{digest.item()}.npz"
+        if not frozen_path.exists():
+            raise FileNotFoundError(errno.ENOENT, f"{frozen_path.name}, which holds the arrays that stopped "
+                                    f"changing ({names.size} of them), is missing", str(frozen_path))
+        frozen = load_arrays(frozen_path)
+        missing = [str(name) for name in names.tolist() if name not in frozen]
+        if missing:
+            raise KeyError(f"{frozen_path} lacks {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
+        arrays.update({str(name): frozen[str(name)] for name in names.tolist()})
     return (None if stamp is None else int(stamp)), arrays
+
+
+def _frozen_digest(arrays: Mapping[str, bytes]) -> str:
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=8)
+    for key in sorted(arrays):
+        h.update(key.encode() + b"\0" + len(arrays[key]).to_bytes(8, "little"))
+        h.update(arrays[key])
+    return h.hexdigest()
 
 
 def read_rounds(run_dir: Path) -> list[dict[str, Any]]:
@@ -161,6 +198,9 @@ class RunWriter:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._rounds: list[dict[str, Any]] = []
         self._lines: list[bytes] = []
+        self._last_checkpoint: dict[str, bytes] = {}  # the large .npy payloads of the last one
+        self._frozen: dict[str, bytes] = {}  # what the frozen file the checkpoints name holds
+        self._frozen_digest: str | None = None
 
     @property
     def rounds(self) -> list[dict[str, Any]]:
@@ -191,10 +231,34 @@ class RunWriter:
         save_arrays(self.run_dir / MODEL_FILE, arrays)
 
     def save_checkpoint(self, arrays: Mapping[str, np.ndarray | bytes], server_round: int | None = None) -> None:
+        """The checkpoint; a large array (its .npy bytes) that is the same as in the last
+        checkpoint goes, with the others that stopped changing, to a frozen file written once
+        (written first, each file atomically; the one no checkpoint names any more is removed
+        after), so that a round writes only what changed (FedConcat's head rounds: the head,
+        not the K frozen encoders again)."""
         if server_round is None:
             save_arrays(self.run_dir / CHECKPOINT_FILE, arrays)
-        else:
-            save_checkpoint(self.run_dir / CHECKPOINT_FILE, arrays, server_round)
+            return
+        large = {k: v for k, v in arrays.items() if isinstance(v, bytes) and len(v) >= FROZEN_MIN_BYTES}
+        frozen = {k for k, v in large.items() if (kept := self._frozen.get(k)) is not None and (kept is v or kept == v)}
+        settled = {k for k, v in large.items()
+                   if k not in frozen and (last := self._last_checkpoint.get(k)) is not None and (last is v or last == v)}
+        self._last_checkpoint = large
+        old_digest = self._frozen_digest
+        if settled:  # arrays that stopped changing since the last checkpoint: a new frozen file with them
+            self._frozen = {k: large[k] for k in sorted(frozen | settled)}
+            self._frozen_digest = _frozen_digest(self._frozen)
+            save_arrays(self.run_dir / f"{FROZEN_FILE_PREFIX}{self._frozen_digest}.npz", self._frozen)
+            frozen = set(self._frozen)
+        inline: dict[str, np.ndarray | bytes] = {k: v for k, v in arrays.items() if k not in frozen}
+        if frozen:
+            inline[CHECKPOINT_FROZEN_DIGEST] = np.asarray(self._frozen_digest)
+            inline[CHECKPOINT_FROZEN_KEYS] = np.asarray(sorted(frozen))
+        save_checkpoint(self.run_dir / CHECKPOINT_FILE, inline, server_round)
+        if self._frozen_digest != old_digest:  # the frozen file no checkpoint names any more
+            for stale in self.run_dir.glob(f"{FROZEN_FILE_PREFIX}*.npz"):
+                if stale.name != f"{FROZEN_FILE_PREFIX}{self._frozen_digest}.npz":
+                    stale.unlink(missing_ok=True)
 
 
 def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -391,6 +455,14 @@ def _load_checkpoint_for_resume(checkpoint: Path, state_round: int | None) -> tu
         )
     try:
         return load_checkpoint(checkpoint)
+    except FileNotFoundError as err:
+        if not Path(str(err.filename)).name.startswith(FROZEN_FILE_PREFIX):
+            raise
+        raise RunFolderError(
+            f"resume: {err.filename} is missing; {checkpoint} takes the arrays that stopped changing "
+            "(FedConcat's frozen encoders) from it, so this run cannot continue. Restore that file from a "
+            "copy of the folder, or start the run again (another run-name)."
+        ) from None
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as err:
         # np.load: BadZipFile (a truncated .npz), ValueError/EOFError (a damaged member)
         last = "an unknown round" if state_round is None else f"round {state_round}"
