@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedvls_flwr.app.results import read_rounds
+from fedvls_flwr.app.results import load_checkpoint, read_rounds
 from fedvls_flwr.ops.inprocess import run_in_process
 from fedvls_flwr.ops.launch import PROJECT_DIR, LocalSuperLink
 from tests.runs import DIGITS_RUN
@@ -62,11 +62,14 @@ def arrays(path: Path) -> dict[str, np.ndarray]:
 def assert_same_run(a: Path, b: Path) -> None:
     ra, rb = read_rounds(a), read_rounds(b)
     assert [computed(r) for r in ra] == [computed(r) for r in rb]
-    for name in ("model_final.npz", "checkpoint.npz"):
-        xa, xb = arrays(a / name), arrays(b / name)
+    for name in ("model_final.npz", "checkpoint.npz", "checkpoint read whole"):
+        # the last: the checkpoint with the arrays it takes from its frozen file (FedConcat's encoders)
+        xa, xb = (load_checkpoint(d / "checkpoint.npz")[1] if name.endswith("whole") else arrays(d / name)
+                  for d in (a, b))
         assert sorted(xa) == sorted(xb), name
         for key in xa:
-            assert xa[key].dtype == xb[key].dtype and np.array_equal(xa[key], xb[key], equal_nan=True), (name, key)
+            floats = xa[key].dtype.kind in "fc"  # the checkpoint's frozen-file names are strings
+            assert xa[key].dtype == xb[key].dtype and np.array_equal(xa[key], xb[key], equal_nan=floats), (name, key)
     for name in ("clients.json", "protocol.json"):
         assert (a / name).exists() == (b / name).exists(), name
         if (a / name).exists():
