@@ -404,9 +404,13 @@ MUTATIONS: list[Mutation] = [
     Mutation("frozen-file-kept-stale", "checkpoint and resume", "a frozen file written for arrays that then "
              "changed is still named by the checkpoint (the old values read back on resume)",
              "fedvls_flwr/app/results.py",
-             "frozen = {k for k, v in large.items() if (kept := self._frozen.get(k)) is not None and (kept is v or kept == v)}",
-             "frozen = {k for k, v in large.items() if (kept := self._frozen.get(k)) is not None}",
+             "frozen = {k for k, v in large.items() if (kept := kept_frozen.get(k)) is not None and (kept is v or kept == v)}",
+             "frozen = {k for k, v in large.items() if (kept := kept_frozen.get(k)) is not None}",
              ("tests/test_results.py",)),
+    Mutation("frozen-file-left-unnamed", "checkpoint and resume", "a frozen file no checkpoint names any more "
+             "(its arrays changed again, or a resumed run's first checkpoint) stays in the run folder",
+             "fedvls_flwr/app/results.py", "            if stale.name != named:\n",
+             "            if stale.name != named and named is not None:\n", ("tests/test_results.py",)),
     Mutation("kept-head-bias-not-loaded", "new methods", "a FedConcat node reusing the process's concatenated model "
              "loads the received head's weight but keeps the last node's bias",
              "fedvls_flwr/algorithms/fedconcat.py", "        linear.bias.copy_(bias)\n", "", ("tests/test_fedconcat.py",)),

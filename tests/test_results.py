@@ -111,3 +111,43 @@ def test_a_missing_frozen_file_ends_the_resume_naming_it(tmp_path):
     frozen.unlink()
     with pytest.raises(results.RunFolderError, match=f"resume: {frozen} is missing"):
         results._load_checkpoint_for_resume(tmp_path / results.CHECKPOINT_FILE, 2)
+
+
+def test_a_damaged_frozen_file_is_named_not_the_intact_checkpoint(tmp_path):
+    from fedvls_flwr.app.messages import npy_array
+
+    writer = RunWriter(tmp_path)
+    big = npy_array(np.zeros(results.FROZEN_MIN_BYTES // 4, np.float32)).data
+    for server_round in (1, 2):
+        writer.append_round({"round": server_round, "accuracy": 0.5})
+        writer.save_checkpoint({"encoder": big}, server_round)
+    (frozen,) = tmp_path.glob(f"{results.FROZEN_FILE_PREFIX}*.npz")
+    frozen.write_bytes(frozen.read_bytes()[: frozen.stat().st_size // 2])
+    with pytest.raises(results.RunFolderError, match=f"resume: {frozen} is damaged .*which is intact"):
+        results._load_checkpoint_for_resume(tmp_path / results.CHECKPOINT_FILE, 2)
+
+
+def test_no_frozen_file_outlives_the_checkpoint_that_named_it(tmp_path):
+    """Frozen arrays that change again (the checkpoint holds everything again), and a resumed
+    run's new writer, whose first checkpoint names no frozen file: no file is left unnamed."""
+    from fedvls_flwr.app.messages import npy_array
+
+    def big(value):
+        return npy_array(np.full(results.FROZEN_MIN_BYTES // 4, value, np.float32)).data
+
+    def frozen_files(folder):
+        return list(folder.glob(f"{results.FROZEN_FILE_PREFIX}*.npz"))
+
+    writer = RunWriter(tmp_path)
+    writer.save_checkpoint({"encoder": big(1)}, 1)
+    writer.save_checkpoint({"encoder": big(1)}, 2)
+    assert len(frozen_files(tmp_path)) == 1
+    writer.save_checkpoint({"encoder": big(2)}, 3)  # changed again: held in the checkpoint
+    assert frozen_files(tmp_path) == []
+    writer.save_checkpoint({"encoder": big(2)}, 4)
+    assert len(frozen_files(tmp_path)) == 1
+    resumed = RunWriter(tmp_path)  # a resumed run: its first checkpoint holds everything
+    resumed.save_checkpoint({"encoder": big(2)}, 5)
+    assert frozen_files(tmp_path) == []
+    np.testing.assert_array_equal(results.load_checkpoint(tmp_path / results.CHECKPOINT_FILE)[1]["encoder"],
+                                  np.full(results.FROZEN_MIN_BYTES // 4, 2, np.float32))

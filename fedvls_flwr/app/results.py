@@ -122,7 +122,7 @@ def save_arrays(path: Path, arrays: Mapping[str, np.ndarray | bytes]) -> None:
     """The global model as an .npz of its state_dict arrays (loadable without Flower): what
     ``np.savez`` writes. A value may be given already encoded, as the bytes of an ``.npy`` file
     (a Flower ``Array``'s payload): it is stored as it is, not decoded and encoded again (a
-    checkpoint a round, holding FedConcat's K frozen encoders)."""
+    checkpoint a round, and the frozen file beside it)."""
     import io
 
     buffer = io.BytesIO()
@@ -146,12 +146,20 @@ def save_checkpoint(path: Path, arrays: Mapping[str, np.ndarray | bytes], server
     save_arrays(path, {**arrays, CHECKPOINT_ROUND_KEY: np.asarray(server_round, dtype=np.int64)})
 
 
+class FrozenFileDamaged(ValueError):
+    """The frozen file a checkpoint names cannot be read, or lacks an array it takes from it."""
+
+    def __init__(self, path: Path, why: str) -> None:
+        super().__init__(f"{path} is damaged ({why})")
+        self.path, self.why = path, why
+
+
 def load_checkpoint(path: Path) -> tuple[int | None, dict[str, np.ndarray]]:
     """(the round it holds, or None for an older checkpoint without it; the model's arrays),
     those kept in the frozen file it names (:data:`CHECKPOINT_FROZEN_DIGEST`) included.
 
-    Raises FileNotFoundError naming the frozen file when it is gone, KeyError when it lacks an
-    array the checkpoint takes from it."""
+    Raises FileNotFoundError naming the frozen file when it is gone, :class:`FrozenFileDamaged`
+    when it cannot be read or lacks an array the checkpoint takes from it."""
     path = Path(path)
     arrays = load_arrays(path)
     stamp = arrays.pop(CHECKPOINT_ROUND_KEY, None)
@@ -161,10 +169,13 @@ def load_checkpoint(path: Path) -> tuple[int | None, dict[str, np.ndarray]]:
         if not frozen_path.exists():
             raise FileNotFoundError(errno.ENOENT, f"{frozen_path.name}, which holds the arrays that stopped "
                                     f"changing ({names.size} of them), is missing", str(frozen_path))
-        frozen = load_arrays(frozen_path)
+        try:
+            frozen = load_arrays(frozen_path)
+        except (ValueError, EOFError, zipfile.BadZipFile) as err:  # np.load's ways of meeting a damaged file
+            raise FrozenFileDamaged(frozen_path, f"{type(err).__name__}: {err}") from None
         missing = [str(name) for name in names.tolist() if name not in frozen]
         if missing:
-            raise KeyError(f"{frozen_path} lacks {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
+            raise FrozenFileDamaged(frozen_path, f"it lacks {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
         arrays.update({str(name): frozen[str(name)] for name in names.tolist()})
     return (None if stamp is None else int(stamp)), arrays
 
@@ -240,25 +251,26 @@ class RunWriter:
             save_arrays(self.run_dir / CHECKPOINT_FILE, arrays)
             return
         large = {k: v for k, v in arrays.items() if isinstance(v, bytes) and len(v) >= FROZEN_MIN_BYTES}
-        frozen = {k for k, v in large.items() if (kept := self._frozen.get(k)) is not None and (kept is v or kept == v)}
+        kept_frozen, digest = self._frozen, self._frozen_digest
+        frozen = {k for k, v in large.items() if (kept := kept_frozen.get(k)) is not None and (kept is v or kept == v)}
         settled = {k for k, v in large.items()
                    if k not in frozen and (last := self._last_checkpoint.get(k)) is not None and (last is v or last == v)}
-        self._last_checkpoint = large
-        old_digest = self._frozen_digest
         if settled:  # arrays that stopped changing since the last checkpoint: a new frozen file with them
-            self._frozen = {k: large[k] for k in sorted(frozen | settled)}
-            self._frozen_digest = _frozen_digest(self._frozen)
-            save_arrays(self.run_dir / f"{FROZEN_FILE_PREFIX}{self._frozen_digest}.npz", self._frozen)
-            frozen = set(self._frozen)
+            kept_frozen = {k: large[k] for k in sorted(frozen | settled)}
+            digest = _frozen_digest(kept_frozen)
+            save_arrays(self.run_dir / f"{FROZEN_FILE_PREFIX}{digest}.npz", kept_frozen)
+            frozen = set(kept_frozen)
         inline: dict[str, np.ndarray | bytes] = {k: v for k, v in arrays.items() if k not in frozen}
         if frozen:
-            inline[CHECKPOINT_FROZEN_DIGEST] = np.asarray(self._frozen_digest)
+            inline[CHECKPOINT_FROZEN_DIGEST] = np.asarray(digest)
             inline[CHECKPOINT_FROZEN_KEYS] = np.asarray(sorted(frozen))
         save_checkpoint(self.run_dir / CHECKPOINT_FILE, inline, server_round)
-        if self._frozen_digest != old_digest:  # the frozen file no checkpoint names any more
-            for stale in self.run_dir.glob(f"{FROZEN_FILE_PREFIX}*.npz"):
-                if stale.name != f"{FROZEN_FILE_PREFIX}{self._frozen_digest}.npz":
-                    stale.unlink(missing_ok=True)
+        # what this writer knows changes only once both files are written
+        self._last_checkpoint, self._frozen, self._frozen_digest = large, kept_frozen, digest
+        named = f"{FROZEN_FILE_PREFIX}{digest}.npz" if frozen else None
+        for stale in self.run_dir.glob(f"{FROZEN_FILE_PREFIX}*.npz"):  # every frozen file this checkpoint does not name
+            if stale.name != named:
+                stale.unlink(missing_ok=True)
 
 
 def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -462,6 +474,12 @@ def _load_checkpoint_for_resume(checkpoint: Path, state_round: int | None) -> tu
             f"resume: {err.filename} is missing; {checkpoint} takes the arrays that stopped changing "
             "(FedConcat's frozen encoders) from it, so this run cannot continue. Restore that file from a "
             "copy of the folder, or start the run again (another run-name)."
+        ) from None
+    except FrozenFileDamaged as err:
+        raise RunFolderError(
+            f"resume: {err.path} is damaged ({err.why}); {checkpoint}, which is intact, takes the arrays that "
+            "stopped changing (FedConcat's frozen encoders) from it, so this run cannot continue. Restore that "
+            "file from a copy of the folder, or start the run again (another run-name)."
         ) from None
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as err:
         # np.load: BadZipFile (a truncated .npz), ValueError/EOFError (a damaged member)

@@ -1,6 +1,7 @@
 """The server's side of an experiment: initial model, rounds, evaluation, result files.
 
-After every round the global model (``checkpoint.npz``, which records its round),
+After every round the global model (``checkpoint.npz``, which records its round; arrays that
+stopped changing go once to the frozen file it names, :meth:`RunWriter.save_checkpoint`),
 ``rounds.jsonl`` and ``state.json`` (the last completed round) are replaced atomically. They
 are written on a thread of their own while the next round trains (three fsynced replacements
 cost about 20 ms, a third of a FedConcat head round's wall time), at most one round's files at
