@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from flwr.app import Array
+from flwr.app import Array, ArrayRecord
 
 from fedvls_flwr.app.messages import array_values
 
@@ -77,7 +77,9 @@ def test_a_config_with_changes_leaves_its_base_alone_and_checks_the_changes():
 # ---- arrays encoded as Flower encodes them, without np.save's header every time
 ENCODE_CASES = {**CASES, "int64 vector": np.arange(5), "float32 matrix again": np.ones((3, 4), np.float32),
                 "bool 0-d": np.array(True), "uint16 3-d": np.arange(24, dtype=np.uint16).reshape(2, 3, 4),
-                "long shape": np.zeros((1,) * 20, np.float64), "complex": np.array([1 + 2j, 3j])}
+                "long shape": np.zeros((1,) * 20, np.float64), "complex": np.array([1 + 2j, 3j]),
+                "datetime": np.array(["2026-11-29", "1970-01-01"], dtype="datetime64[D]"),
+                "large float32": np.random.default_rng(3).standard_normal(300_000).astype(np.float32)}
 
 
 @pytest.mark.parametrize("name", sorted(ENCODE_CASES))
@@ -112,3 +114,23 @@ def test_a_reused_header_follows_the_arrays_dtype_and_shape():
         assert npy_array(value).data == Array.from_numpy_ndarray(value).data
     record = numpy_record({"a": a, "b": b})
     assert list(record) == ["a", "b"] and record["b"].numpy().shape == (3, 2)
+
+
+def test_read_only_values_are_the_records_own_bytes_and_cannot_be_written():
+    from fedvls_flwr.app.messages import read_only_dict, to_numpy_dict
+
+    record = ArrayRecord({name: Array(value) for name, value in CASES.items()})
+    views, copies = read_only_dict(record), to_numpy_dict(record)
+    assert list(views) == list(record)
+    for name, value in views.items():
+        np.testing.assert_array_equal(value, copies[name])
+        assert value.dtype == copies[name].dtype and value.shape == copies[name].shape
+        if value.flags.writeable:  # not an npy payload read in place (Fortran order): a copy of its own
+            before = record[name].data
+            value[...] = 0
+            assert record[name].data == before
+    large = ArrayRecord({"w": Array(np.arange(100_000, dtype=np.float32))})
+    view = read_only_dict(large)["w"]
+    assert np.shares_memory(view, np.frombuffer(large["w"].data, np.uint8))  # not a copy
+    with pytest.raises(ValueError):  # a reader that writes raises: the message stays as sent
+        view += 1

@@ -59,6 +59,18 @@ def test_weighted_average_over_accepted_replies_malformed_and_nan_rejected():
     assert strategy.report.drift_diversity == pytest.approx((1 * 6 + 16 * 6) / (25 * 6))
 
 
+def test_aggregation_reads_the_replies_without_changing_them():
+    """The server reads each reply's arrays in place (no copy of a 45 MB model per reply): the
+    replies hold afterwards exactly the bytes they came with, and the average is theirs."""
+    strategy = RunStrategy(RunConfig())
+    strategy.report.sampled = 3
+    replies = [reply(n, arrays(float(n)), 10 * n) for n in (1, 2, 3)]
+    sent = [{k: a.data for k, a in r.content[ARRAYS_KEY].items()} for r in replies]
+    new, _ = strategy.aggregate_train(1, replies, GLOBAL)
+    assert [{k: a.data for k, a in r.content[ARRAYS_KEY].items()} for r in replies] == sent
+    np.testing.assert_array_equal(to_numpy_dict(new)["w"], np.full((2, 2), (10 + 40 + 90) / 60, np.float32))
+
+
 class FakeGrid(FakeGridBase):
     """Answers train messages with ``respond(node, attempt)``; counts calls."""
 

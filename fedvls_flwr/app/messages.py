@@ -105,6 +105,18 @@ def to_numpy_dict(record: ArrayRecord) -> dict[str, np.ndarray]:
     return {key: array_values(arr) for key, arr in record.items()}
 
 
+def read_only_dict(record: ArrayRecord) -> dict[str, np.ndarray]:
+    """``record``'s values without copying them where it can: read-only views over each array's
+    bytes (:func:`array_view`; a copy for any other payload). For values that are only read, as
+    the server reads its replies: a copy of every reply is 45 MB for ResNet-18, and writing into
+    a view raises instead of changing the message."""
+    out: dict[str, np.ndarray] = {}
+    for key, arr in record.items():
+        view = array_view(arr)
+        out[key] = arr.numpy() if view is None else view
+    return out
+
+
 #: The npy header of a C-ordered array, by (dtype, shape): all that np.save writes before the values.
 _NPY_HEADERS: dict[tuple[str, tuple[int, ...]], bytes] = {}
 _NPY_HEADERS_MAX = 4096
@@ -125,7 +137,9 @@ def npy_array(value: np.ndarray) -> Array:
         if len(_NPY_HEADERS) < _NPY_HEADERS_MAX:
             _NPY_HEADERS[key] = array.data[:len(array.data) - value.nbytes]
         return array
-    return Array(dtype=str(dtype), shape=tuple(value.shape), stype="numpy.ndarray", data=header + value.tobytes())
+    # one copy of the values (``header + value.tobytes()`` makes two: 20 ms more for ResNet-18's 45 MB)
+    data = b"".join((header, value.reshape(-1).view(np.uint8)))
+    return Array(dtype=str(dtype), shape=tuple(value.shape), stype="numpy.ndarray", data=data)
 
 
 def numpy_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:

@@ -52,6 +52,7 @@ from fedvls_flwr.app.messages import (
     metrics_in,
     number,
     numbers,
+    read_only_dict,
     short_reason,
     to_array_record,
     to_numpy_dict,
@@ -293,7 +294,8 @@ class RunStrategy(Strategy):
         for name in keys.NOT_AVERAGED:
             metrics.pop(name, None)
         scalars = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
-        return Reply(node, to_numpy_dict(arrays_in(content, keys.ARRAYS)), num_examples, scalars), None
+        # read, never written: the reply's own bytes, not a copy of them (read_only_dict)
+        return Reply(node, read_only_dict(arrays_in(content, keys.ARRAYS)), num_examples, scalars), None
 
     def initial_state(self, grid: Grid, model_arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The round state before round 1 (the protocol's), with the sites' declared
