@@ -394,7 +394,7 @@ MUTATIONS: list[Mutation] = [
     Mutation("client-draws-restart-every-round", "engine", "the clients the in-process engine runs in the server's "
              "process start every round from the server's random generators, drawing the same numbers round after "
              "round, where a Ray actor's go on",
-             "fedvls_flwr/ops/client_worker.py", "        clients.state = _generators_now()\n", "",
+             "fedvls_flwr/ops/client_worker.py", "    clients.state = (*clients_cpu, clients_cuda)\n", "",
              ("tests/test_client_workers.py",)),
     Mutation("frozen-arrays-not-read-back", "checkpoint and resume", "a checkpoint that takes the arrays that "
              "stopped changing from its frozen file is read without them (a FedConcat run resumed in stage 2 "
