@@ -394,7 +394,20 @@ MUTATIONS: list[Mutation] = [
     Mutation("client-draws-restart-every-round", "engine", "the clients the in-process engine runs in the server's "
              "process start every round from the server's random generators, drawing the same numbers round after "
              "round, where a Ray actor's go on",
-             "fedvls_flwr/ops/client_worker.py", "        clients.state = _generators_now()\n", "",
+             "fedvls_flwr/ops/client_worker.py", "    clients.state = (*clients_cpu, clients_cuda)\n", "",
+             ("tests/test_client_workers.py",)),
+    Mutation("client-cuda-read-before-server-restored", "engine", "around the clients the in-process engine runs "
+             "in the server's process, the clients' CUDA generators are read before the server's generators go back: "
+             "a CUDA error there hides the clients' own error and leaves the server with the clients' state",
+             "fedvls_flwr/ops/client_worker.py",
+             "    clients_cpu = _cpu_generators()  # copies: nothing here fails\n",
+             "    clients_cpu = _cpu_generators()  # copies: nothing here fails\n    _cuda_generators()\n",
+             ("tests/test_client_workers.py",)),
+    Mutation("cuda-opened-by-clients-not-reseeded", "engine", "a client that opens CUDA in the server's process "
+             "leaves the server's CUDA generators where the clients' draws took them (none was saved), and a CUDA "
+             "seed a client queued becomes the server's",
+             "fedvls_flwr/ops/client_worker.py",
+             "            torch.cuda.manual_seed_all(server_seed)\n", "            pass\n",
              ("tests/test_client_workers.py",)),
     Mutation("frozen-arrays-not-read-back", "checkpoint and resume", "a checkpoint that takes the arrays that "
              "stopped changing from its frozen file is read without them (a FedConcat run resumed in stage 2 "

@@ -323,6 +323,140 @@ def test_the_servers_random_generators_never_see_what_its_clients_draw(workers):
         assert len({d[generator] for d in drawn}) == 6, drawn
 
 
+class FakeCuda:
+    """torch.cuda's generator functions on a machine without a GPU, put in torch.cuda's place:
+    per device a generator state (its seed, the draws so far), made when CUDA opens from the
+    seed ``manual_seed_all`` last asked for (as torch.manual_seed asks, lazily); ``fail_reads``:
+    reading a state fails as after a CUDA error."""
+
+    def __init__(self, devices: int = 2) -> None:
+        self.devices, self.opened, self.fail_reads = devices, False, False
+        self.states: dict[int, tuple[int, int]] = {}
+        self.queued_seed = 2**40 + 1  # torch's: a nondeterministic one, when nothing asked
+
+    def is_initialized(self) -> bool:
+        return self.opened
+
+    def device_count(self) -> int:
+        return self.devices
+
+    def draw(self, device: int = 0) -> tuple[int, int]:
+        """A client's draw on the GPU (the first one opens CUDA)."""
+        if not self.opened:
+            self.opened = True
+            self.states = dict.fromkeys(range(self.devices), (self.queued_seed, 0))
+        seed, drawn = self.states[device]
+        self.states[device] = (seed, drawn + 1)
+        return seed, drawn
+
+    def get_rng_state(self, device: int = 0) -> tuple[int, int]:
+        if self.fail_reads:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return self.states[device]
+
+    def set_rng_state(self, state: tuple[int, int], device: int = 0) -> None:
+        self.states[device] = state
+
+    def manual_seed_all(self, seed: int) -> None:
+        if self.opened:
+            self.states = dict.fromkeys(range(self.devices), (int(seed), 0))
+        else:
+            self.queued_seed = int(seed)
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    import torch
+
+    fake = FakeCuda()
+    for name in ("is_initialized", "device_count", "get_rng_state", "set_rng_state", "manual_seed_all"):
+        monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
+    return fake
+
+
+def cpu_generators():
+    import random
+
+    import torch
+
+    return random.getstate(), np.random.get_state(), torch.get_rng_state()
+
+
+def assert_same_cpu_generators(after, before):
+    import torch
+
+    assert after[0] == before[0]
+    assert all(np.array_equal(a, b) for a, b in zip(after[1], before[1]))
+    assert torch.equal(after[2], before[2])
+
+
+def clients_draw():
+    import random
+
+    import torch
+
+    return random.random(), float(np.random.rand()), float(torch.rand(1))
+
+
+def test_cuda_a_round_opens_leaves_the_servers_generators_as_torch_would_have_made_them(fake_cuda):
+    """The server had not opened CUDA, a client does: the server's CUDA generators are not where
+    the clients' draws took them, but as torch makes them for the server, from the seed its
+    torch.manual_seed asked for; the clients' go on from round to round."""
+    import torch
+
+    from fedvls_flwr.ops.client_worker import ClientGenerators, generators_apart
+
+    fake_cuda.queued_seed = torch.initial_seed()  # as torch.manual_seed (or torch.seed) leaves it
+    clients = ClientGenerators()
+    with generators_apart(clients):
+        first = [fake_cuda.draw(0), fake_cuda.draw(1), fake_cuda.draw(0)]
+    assert first == [(torch.initial_seed(), 0), (torch.initial_seed(), 0), (torch.initial_seed(), 1)]
+    assert fake_cuda.states == dict.fromkeys(range(2), (torch.initial_seed(), 0))
+    server_draw = fake_cuda.draw(0)
+    with generators_apart(clients):
+        assert fake_cuda.draw(0) == (torch.initial_seed(), 2)  # the clients' own sequence goes on
+    assert fake_cuda.states == {0: (torch.initial_seed(), 1), 1: (torch.initial_seed(), 0)}
+    assert server_draw == (torch.initial_seed(), 0)
+
+
+def test_a_cuda_seed_a_client_asks_for_before_cuda_opens_is_not_the_servers(fake_cuda):
+    import torch
+
+    from fedvls_flwr.ops.client_worker import ClientGenerators, generators_apart
+
+    fake_cuda.queued_seed = torch.initial_seed()
+    with generators_apart(ClientGenerators()):
+        fake_cuda.manual_seed_all(99)  # a client's torch.manual_seed(99), CUDA not open yet
+    assert fake_cuda.draw(0) == (torch.initial_seed(), 0)  # the server opens CUDA later
+
+
+@pytest.mark.parametrize("clients_raise", [True, False], ids=["clients-raise", "clients-return"])
+def test_a_cuda_error_on_the_way_out_leaves_the_server_its_generators_and_hides_no_error(fake_cuda, clients_raise):
+    """Reading the clients' CUDA generators fails (a CUDA error): the server's generators are
+    back all the same; the clients' error is the one raised, else the CUDA error."""
+    from fedvls_flwr.ops.client_worker import ClientGenerators, generators_apart
+
+    fake_cuda.draw(0)  # the server has opened CUDA
+    server_cuda = dict(fake_cuda.states)
+    clients = ClientGenerators()
+    before = cpu_generators()
+    expected = ValueError if clients_raise else RuntimeError
+    with pytest.raises(expected) as raised, generators_apart(clients):
+        clients_draw()
+        fake_cuda.draw(0)
+        fake_cuda.fail_reads = True
+        if clients_raise:
+            raise ValueError("the client's own error")
+    assert ("the client's own error" if clients_raise else "CUDA error") in str(raised.value)
+    assert_same_cpu_generators(cpu_generators(), before)
+    assert fake_cuda.states == server_cuda
+    # the clients' CPU generators were kept: the next round's clients go on from them
+    fake_cuda.fail_reads = False
+    with generators_apart(clients):
+        again = clients_draw()
+    assert again != clients_draw()
+
+
 def test_one_nodes_messages_run_one_after_another():
     grid, pool = pool_grid(workers=3, nodes=1)
     node = next(iter(grid.contexts))

@@ -15,7 +15,7 @@ import json
 import numpy as np
 import pytest
 
-from fedvls_flwr.app.results import read_rounds
+from fedvls_flwr.app.results import CHECKPOINT_FILE, CHECKPOINT_ROUND_KEY, load_checkpoint, read_rounds
 from fedvls_flwr.ops.inprocess import run_in_process
 from tests.fault_injection import FAULT_ENV, ONCE_ENV
 from tests.runs import DIGITS_RUN
@@ -29,6 +29,11 @@ CONFIG = {**DIGITS_RUN, "method": "fedavg", "num-server-rounds": 4, "determinist
 
 
 def arrays(path) -> dict[str, np.ndarray]:
+    """A run's saved arrays: a checkpoint read whole (its round, and the arrays it takes from
+    its frozen file, checkpoint-frozen-<digest>.npz), any other file as written."""
+    if path.name == CHECKPOINT_FILE:
+        done, saved = load_checkpoint(path)
+        return {**saved, CHECKPOINT_ROUND_KEY: np.asarray(done)}
     with np.load(path) as saved:
         return {k: saved[k] for k in saved.files}
 

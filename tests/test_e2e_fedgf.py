@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedvls_flwr.app.results import CHECKPOINT_FILE, MODEL_FILE, load_arrays, read_rounds
+from fedvls_flwr.app.results import CHECKPOINT_FILE, MODEL_FILE, load_arrays, load_checkpoint, read_rounds
 from tests.runs import DIGITS_RUN, run_here
 
 pytestmark = pytest.mark.e2e
@@ -48,7 +48,7 @@ def test_fedgf_runs_four_rounds_with_fedavg_and_fedvls_objectives(tmp_path):
     assert not any("fedgf_c" in r for r in read_rounds(out / "sam"))
     fedvls = read_rounds(out / "fedvls-fedgf")
     assert all(r["train"]["train-logit"] != 0.0 for r in fedvls[1:])  # FedVLS's own terms run under the FedGF step
-    checkpoint = load_arrays(out / "fedgf" / CHECKPOINT_FILE)
+    checkpoint = load_checkpoint(out / "fedgf" / CHECKPOINT_FILE)[1]  # its frozen file's arrays included
     model = load_arrays(out / "fedgf" / MODEL_FILE)
     perturbed = {k.rsplit("/perturbed/", 1)[1]: v for k, v in checkpoint.items() if "/perturbed/" in k}
     assert set(perturbed) == {k for k, v in model.items() if v.dtype.kind == "f"}

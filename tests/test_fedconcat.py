@@ -417,10 +417,11 @@ def test_k_equal_one_stage_one_is_fedavg(tmp_path):
     concat = run_experiment(ConcatGrid(), concat_config(tmp_path, run_name="k1", fedconcat_clusters=1,
                                                         fedconcat_assignment="0,0,0,0", num_server_rounds=3,
                                                         method="fedavg"))
-    from fedvls_flwr.app.results import CHECKPOINT_FILE, load_arrays
-    ref = load_arrays(fedavg / CHECKPOINT_FILE)  # the global model after FedAvg's round 2
+    from fedvls_flwr.app.results import CHECKPOINT_FILE, load_arrays, load_checkpoint
+    done, ref = load_checkpoint(fedavg / CHECKPOINT_FILE)  # the global model after FedAvg's round 2, read whole
+    assert done == 2
     got = load_arrays(concat / "model_final.npz")  # its encoder 0 = cluster 0 after stage 1's 2 rounds
-    model_keys = [k for k in ref if not k.startswith("__")]  # the checkpoint also records its round
+    model_keys = [k for k in ref if not k.startswith("__")]
     assert model_keys
     for key in model_keys:
         np.testing.assert_array_equal(got[f"encoder0/{key}"], ref[key])

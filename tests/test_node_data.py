@@ -106,6 +106,26 @@ def test_a_node_served_again_is_answered_from_memory_until_what_it_depends_on_ch
     assert again is not first and torch.equal(again.x, first.x) and torch.equal(again.y, first.y)
 
 
+def test_the_answers_kept_for_a_run_go_when_the_next_run_asks(monkeypatch):
+    """A process that serves runs one after another (a sweep's worker) keeps the answers of the
+    run it serves now only: the first answer of a new run drops those of the runs before."""
+    monkeypatch.delenv("FEDVLS_BASE_DIR", raising=False)
+    cfg = cfg_for(**{"data-dir": "fedvls-data"})
+    nodes = [{"partition-id": i, "num-partitions": 3} for i in range(3)]
+    N.dataset_for(cfg)
+    data = {}
+    for run_id in (1, 2):
+        for node in nodes:
+            N.node_client_data(cfg, node, run_id=run_id)  # prepared (run 1), or found prepared
+            data[run_id, node["partition-id"]] = N.node_client_data(cfg, node, run_id=run_id)  # kept as the answer
+        assert {key[0] for key in N._ANSWERED} == {run_id} and len(N._ANSWERED) == len(nodes)
+    with pytest.MonkeyPatch.context() as patched:  # run 2's answers still answer
+        patched.setattr(N, "parse_node_config", lambda *a: pytest.fail("the node config was parsed again"))
+        assert all(N.node_client_data(cfg, node, run_id=2) is data[2, node["partition-id"]] for node in nodes)
+    N.node_client_data(cfg, nodes[0], run_id=None)  # no run id: a run of its own
+    assert {key[0] for key in N._ANSWERED} == {None} and len(N._ANSWERED) == 1
+
+
 def test_a_data_dir_pointed_elsewhere_between_runs_gives_the_new_data(tmp_path, monkeypatch):
     """A process that serves several runs (a sweep's worker) keeps a node's answer for one run
     only: a data-dir that is a symbolic link repointed between runs, or a relative one read from

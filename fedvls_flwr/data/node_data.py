@@ -349,9 +349,7 @@ def _prepare(spec: NodeSpec, cfg: RunConfig, answer_key: tuple[Any, ...] | None 
         source, prepared = _PREPARED[memory_key]
         if source is dataset_for(cfg):
             if answer_key is not None:
-                if len(_ANSWERED) >= _PREPARED_MAX:
-                    _ANSWERED.pop(next(iter(_ANSWERED)))
-                _ANSWERED[answer_key] = (cache_generation(), memory_key, prepared)
+                _keep_answer(answer_key, (cache_generation(), memory_key, prepared))
             return prepared
 
     def key_now() -> str:
@@ -418,6 +416,18 @@ def _synthetic_client(spec: NodeSpec, cfg: RunConfig) -> ClientData:
 #: (:func:`~fedvls_flwr.data.datasets.cache_generation`) and ``_PREPARED`` still keeps it.
 _ANSWERED: dict[tuple[Any, ...], tuple[int, str, ClientData]] = {}
 _PATH_ENVIRONMENT = ("FEDVLS_BASE_DIR", "HOME", "FEDVLS_CACHE_DIR", "XDG_CACHE_HOME")
+
+
+def _keep_answer(key: tuple[Any, ...], answer: tuple[int, str, ClientData]) -> None:
+    """``answer`` kept for ``key`` (:func:`_answer_key`, the run first). The answers kept are all
+    of one run: the first one of another run drops them, as no later message of theirs comes (a
+    sweep's worker runs many runs one after another); at most ``_PREPARED_MAX``, the oldest dropped."""
+    if _ANSWERED and next(iter(_ANSWERED))[0] != key[0]:
+        _ANSWERED.clear()
+    elif len(_ANSWERED) >= _PREPARED_MAX:
+        _ANSWERED.pop(next(iter(_ANSWERED)))
+    _ANSWERED[key] = answer
+
 
 
 def _answer_key(cfg: RunConfig, node_config: dict[str, Any], run_id: int | None) -> tuple[Any, ...] | None:

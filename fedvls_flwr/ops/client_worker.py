@@ -16,6 +16,7 @@ as raw frames on the socket; never pickled.
 from __future__ import annotations
 
 import importlib
+import logging
 import mmap
 import os
 import pickle
@@ -74,22 +75,33 @@ class ClientGenerators:
         self.state: tuple[Any, ...] | None = None  # None: the clients have not drawn yet
 
 
-def _generators_now() -> tuple[Any, ...]:
+def _cpu_generators() -> tuple[Any, Any, Any]:
     import torch
 
-    cuda = ({d: torch.cuda.get_rng_state(d) for d in range(torch.cuda.device_count())}
-            if torch.cuda.is_initialized() else {})
-    return random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda
+    return random.getstate(), np.random.get_state(), torch.get_rng_state()
 
 
-def _set_generators(state: tuple[Any, ...]) -> None:
+def _set_cpu_generators(state: tuple[Any, ...]) -> None:
     import torch
 
-    py_state, np_state, torch_state, cuda = state
+    py_state, np_state, torch_state = state
     random.setstate(py_state)
     np.random.set_state(np_state)
     torch.set_rng_state(torch_state)
-    for device, device_state in cuda.items():
+
+
+def _cuda_generators() -> dict[int, Any]:
+    """Each device's CUDA generator state; none while CUDA is not open (its generators are not made yet)."""
+    import torch
+
+    cuda = torch.cuda
+    return {d: cuda.get_rng_state(d) for d in range(cuda.device_count())} if cuda.is_initialized() else {}
+
+
+def _set_cuda_generators(states: dict[int, Any]) -> None:
+    import torch
+
+    for device, device_state in states.items():
         torch.cuda.set_rng_state(device_state, device)
 
 
@@ -106,15 +118,59 @@ def generators_apart(clients: ClientGenerators) -> Iterator[None]:
     The clients inside draw from the generators in turn, as the messages a Ray actor serves do
     (each message's save and restore would cost a tenth of a FedConcat head round's client,
     numpy's state alone 70 µs each way). A client worker, a process of its own, needs no such
-    fence."""
-    server = _generators_now()
-    if clients.state is not None:
-        _set_generators(clients.state)
+    fence.
+
+    CUDA the server had not opened: its generators did not exist, so none was saved. Torch
+    makes them when CUDA opens, seeded as the last ``torch.manual_seed`` (or ``torch.seed``)
+    asked, with the CPU generator's seed, ``torch.initial_seed()``. So afterwards they are
+    seeded again from the server's ``torch.initial_seed()``: at once if a client opened CUDA
+    (not left where the clients' draws took them), else when CUDA opens (a seed a client asked
+    for, still waiting for CUDA, is not the server's).
+
+    On the way out the server's generators go back first, whatever happens: the CPU ones before
+    anything that can fail, the CUDA ones whether or not the clients' could be read. A CUDA
+    error there is raised once the server's state is back, unless the clients raised (then it
+    is logged and theirs goes on)."""
+    import torch
+
+    server_cpu, server_cuda, server_seed = _cpu_generators(), _cuda_generators(), torch.initial_seed()
     try:
+        if clients.state is not None:
+            _set_cpu_generators(clients.state[:3])
+            _set_cuda_generators(clients.state[3])
         yield
-    finally:
-        clients.state = _generators_now()
-        _set_generators(server)
+    except BaseException:
+        _leave(clients, server_cpu, server_cuda, server_seed, raising=False)
+        raise
+    _leave(clients, server_cpu, server_cuda, server_seed, raising=True)
+
+
+def _leave(clients: ClientGenerators, server_cpu: tuple[Any, ...], server_cuda: dict[int, Any], server_seed: int,
+           *, raising: bool) -> None:
+    """The server's generators back, the clients' kept in ``clients`` as far as they can be read
+    (see :func:`generators_apart`)."""
+    import torch
+
+    clients_cpu = _cpu_generators()  # copies: nothing here fails
+    _set_cpu_generators(server_cpu)
+    errors: list[Exception] = []
+    clients_cuda: dict[int, Any] = {}  # unreadable: the next round's clients start from the server's, as the first's
+    try:
+        clients_cuda = _cuda_generators()
+    except Exception as ex:  # noqa: BLE001 - the server's CUDA generators go back all the same
+        errors.append(ex)
+    clients.state = (*clients_cpu, clients_cuda)
+    try:
+        if server_cuda:
+            _set_cuda_generators(server_cuda)
+        else:  # as torch.manual_seed(server_seed) left them: now if CUDA is open, else when it opens
+            torch.cuda.manual_seed_all(server_seed)
+    except Exception as ex:  # noqa: BLE001
+        errors.append(ex)
+    if errors and raising:
+        raise errors[0]
+    for error in errors:
+        logging.getLogger("flwr").warning("the random generators around in-process clients: %s", error)
 
 
 def run_client(client_app: ClientApp, message: Message, context: Context, threads: int) -> tuple[Message, bool]:
