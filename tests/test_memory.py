@@ -1,4 +1,4 @@
-"""The app's processes keep freed large buffers for the next message (fedvls_flwr/ops/memory.py)."""
+"""The app's processes keep freed large buffers for the next message (fedvls_flwr/app/memory.py)."""
 
 import subprocess
 import sys
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fedvls_flwr.ops.memory import OPT_OUT, users_own_setting
+from fedvls_flwr.app.memory import OPT_OUT, users_own_setting
 
 ROOT = Path(__file__).resolve().parents[1]
 

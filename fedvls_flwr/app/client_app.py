@@ -9,12 +9,12 @@ from flwr.clientapp import ClientApp
 
 from fedvls_flwr.app.client import evaluate_round, naming_the_site, query_round, train_round
 from fedvls_flwr.app.known_warnings import hide_rays_accelerator_tip, quiet_in_ray_actors
+from fedvls_flwr.app.memory import keep_freed_memory
 from fedvls_flwr.app.supernode_guard import guard_supernode
-from fedvls_flwr.ops.memory import keep_freed_memory
 
 hide_rays_accelerator_tip()  # in simulation Flower loads this module before it starts Ray
 quiet_in_ray_actors()  # a simulation's actor: no line after the run's last (module docstring there)
-keep_freed_memory()  # a reply's large buffers reused, not faulted in again (ops/memory.py)
+keep_freed_memory()  # a reply's large buffers reused, not faulted in again (app/memory.py)
 
 app = ClientApp(mods=[guard_supernode])  # deployment: stop training for a SuperNode that was killed
 

@@ -9,16 +9,16 @@ from flwr.app import ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedvls_flwr.app.known_warnings import drop_empty_exit_line
+from fedvls_flwr.app.memory import keep_freed_memory
 from fedvls_flwr.app.results import check_resume_target
 from fedvls_flwr.app.tracking import check_tracking
 from fedvls_flwr.config.run_config import parse_run_config  # no torch: a bad value fails before any heavy import
-from fedvls_flwr.ops.memory import keep_freed_memory
 
 #: The ServerApp Context's record of the run it ran.
 RUN_RECORD = "fedvls-run"
 
 drop_empty_exit_line()  # Flower's empty exit line after a run that ended well (app/known_warnings.py)
-keep_freed_memory()  # a round's large buffers reused, not faulted in again (ops/memory.py)
+keep_freed_memory()  # a round's large buffers reused, not faulted in again (app/memory.py)
 
 app = ServerApp()
 
