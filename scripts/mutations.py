@@ -551,4 +551,14 @@ MUTATIONS: list[Mutation] = [
              "fedvls_flwr/algorithms/training.py",
              'if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):',
              'if requested == "cuda":', ("tests/test_device.py",)),
+    Mutation("allocator-opt-out-ignored", "devices", "the app sets glibc's allocator although the user said "
+             "FEDVLS_SYSTEM_MALLOC=1 or set glibc's own malloc settings",
+             "fedvls_flwr/app/memory.py",
+             "    if not sys.platform.startswith(\"linux\") or users_own_setting() is not None:\n",
+             "    if not sys.platform.startswith(\"linux\"):\n", ("tests/test_memory.py",)),
+    Mutation("reply-arrays-copied", "engine", "the server copies every reply's arrays before reading them "
+             "(43 MB more a ResNet-18 reply, in the round's serial part)",
+             "fedvls_flwr/app/messages.py",
+             "        out[key] = arr.numpy() if view is None else view\n",
+             "        out[key] = arr.numpy() if view is None else view.copy()\n", ("tests/test_messages.py",)),
 ]
