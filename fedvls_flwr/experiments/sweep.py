@@ -95,6 +95,14 @@ def _identity_key(identity: dict[str, Any]) -> str:
     return json.dumps({**identity, "config": _with_defaults(identity["config"])}, sort_keys=True)
 
 
+def _run_identity(preset: Preset, overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """One run of ``preset`` (its ``overrides``): its run config, its federation (the preset's,
+    then the run's own) and its experiment identity (:func:`experiment_identity`)."""
+    run_config, federation = split_federation(overrides)
+    federation = {**preset.federation, **federation}
+    return run_config, federation, experiment_identity(run_config, federation.get("num-supernodes"))
+
+
 def _finished_runs(output_dir: Path) -> dict[str, str]:
     """identity (JSON) -> folder name of every completed run a sweep started under output_dir."""
     found: dict[str, str] = {}
@@ -145,9 +153,7 @@ def run_preset(
     own = []  # the preset's run folders (a twin's where the same run finished under another name): the report's
     for overrides in preset.runs:
         name = overrides["run-name"]
-        run_config, federation = split_federation(overrides)
-        federation = {**preset.federation, **federation}
-        identity = experiment_identity(run_config, federation.get("num-supernodes"))
+        run_config, federation, identity = _run_identity(preset, overrides)
         if (output_dir / name / SUMMARY_FILE).exists():
             _check_same_settings(output_dir / name, identity)
             statuses[name] = "skipped (finished earlier)"
@@ -347,8 +353,7 @@ def kept_after_stop(preset: Preset, output_dir: Path, argv: list[str]) -> str:
     twins = _finished_runs(output_dir) if output_dir.is_dir() else {}
     finished = 0
     for overrides in preset.runs:  # finished under its own name, or as another preset's same run
-        run_config, federation = split_federation(overrides)
-        identity = experiment_identity(run_config, {**preset.federation, **federation}.get("num-supernodes"))
+        identity = _run_identity(preset, overrides)[2]
         finished += _completed(output_dir / overrides["run-name"]) or _identity_key(identity) in twins
     again = " ".join(["fedvls", "sweep", *map(shell_word, argv)])
     return (f"{finished} of {len(names)} runs are finished in {output_dir}, and a run stopped midway keeps its "
