@@ -146,6 +146,8 @@ def run_preset(
     view = view or ProgressView(log)
     log = view.message
     output_dir = Path(output_dir).resolve()
+    if report:
+        check_report_dir(preset, output_dir)  # before any run: not another preset's report overwritten at the end
     output_dir.mkdir(parents=True, exist_ok=True)
     check_data(preset)
     finished = _finished_runs(output_dir)
@@ -196,16 +198,52 @@ def run_preset(
         try:
             if not (folders := [d for d in dict.fromkeys(own) if d.is_dir()]):
                 raise NoRunsError(f"none of the preset's {len(own)} runs has a folder in {output_dir}")
-            paths = make_report(folders, out_dir=report_dir, rows=preset.table_rows, cols=preset.table_cols)
+            notes: list[str] = []
+            paths = make_report(folders, out_dir=report_dir, rows=preset.table_rows, cols=preset.table_cols,
+                                notes=notes, preset=preset.name)
             log(f"[sweep] report: {report_dir}")
+            for note in notes:
+                log(f"[sweep] note: {note}")
         except NoRunsError as err:  # every run failed: their logs are said above
             log(f"[sweep] no report: {err}")
+        if (old := _old_layout_note(report_dir.parent)) is not None:
+            log(old)
     return {"statuses": statuses, "report": paths}
 
 
 def sweep_report_dir(preset: Preset, output_dir: Path) -> Path:
     """``<output>/report/<preset name>``: each preset's report apart, whichever presets share the folder."""
     return Path(output_dir) / "report" / (re.sub(r"[^A-Za-z0-9._-]+", "-", preset.name).strip("-.") or "preset")
+
+
+def check_report_dir(preset: Preset, output_dir: Path) -> None:
+    """The preset's report folder does not hold another preset's report: two names that make one
+    folder name ('table 1', 'table-1'; on a case-insensitive disk, 'T1' and 't1') would write one
+    report over the other. Said before any run starts; the report's manifest names its preset (a
+    folder without one, written by ``fedvls report`` or an earlier version, names none)."""
+    from fedvls_flwr.experiments.report import read_manifest
+
+    report_dir = sweep_report_dir(preset, output_dir)
+    other = (read_manifest(report_dir) or {}).get("preset")
+    if other is not None and other != preset.name:
+        raise PresetError(
+            f"preset {preset.path}: its name {preset.name!r} makes the report folder {report_dir}, which holds the "
+            f"report of preset {other!r} (both names make the folder name {report_dir.name!r}); rename one of them "
+            f"(name: in its YAML), give this sweep another --output-dir, or, if {other!r} was this preset's old name, "
+            f"remove {report_dir}")
+
+
+def _old_layout_note(report_root: Path) -> str | None:
+    """A line naming report files straight in ``<output>/report/`` that no report's manifest lists
+    there: an earlier version wrote a sweep's report there (now each preset's is in a folder of its
+    own), so they may be stale. Not removed: without a manifest they may be the user's."""
+    from fedvls_flwr.experiments.report import _some, report_files_left
+
+    if not report_root.is_dir() or not (left := report_files_left(report_root)):
+        return None
+    return (f"[sweep] note: {report_root} also holds {_some(left)}, not of this report: an earlier version's sweep "
+            f"report (each preset's report is now in {report_root}/<preset name>/) or your own files; left as they "
+            "are: remove them if they are stale")
 
 
 def _record_start(output_dir: Path, run_config: dict[str, Any], federation: dict[str, Any],
