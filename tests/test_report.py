@@ -587,4 +587,50 @@ def test_a_report_written_again_leaves_no_file_of_the_last_one_it_no_longer_writ
     shutil.rmtree(root / "b")
     second = make_report(root, out)
     assert not any(p.exists() for p in plots_of_b)
-    assert {p for p in out.iterdir()} == set(second.values()) | {out / "notes.txt"}
+    from fedvls_flwr.experiments.report import MANIFEST
+
+    assert {p for p in out.iterdir()} == set(second.values()) | {out / "notes.txt", out / MANIFEST}
+
+
+def test_a_report_removes_no_file_of_its_names_that_no_manifest_says_a_report_wrote(runs_root, tmp_path):
+    """A folder the user gives to --out may hold files of a report's names that no report wrote
+    (their own gaps table, a sketch named accuracy-*.png) or an earlier version's report (no
+    manifest): none is removed, and the notes name them (they would read as part of the report)."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    mine = {"gaps.md": "my gaps", "diagnostics.csv": "my numbers", "accuracy-my-sketch.png": "not a png",
+            "partition-whiteboard.png": "photo", "notes.txt": "mine"}
+    for name, text in mine.items():
+        (out / name).write_text(text)
+    notes: list[str] = []
+    written = make_report(runs_root, out, notes=notes)
+    assert not {out / name for name in mine} & set(written.values())
+    assert {name: (out / name).read_text() for name in mine} == mine
+    assert [note for note in notes if note.startswith(str(out))] == [
+        f"{out} also holds accuracy-my-sketch.png, diagnostics.csv, gaps.md, partition-whiteboard.png, which this "
+        "report did not write (no report's manifest lists them: your own files, or an earlier version's report); "
+        "they are left as they are: remove the ones that are stale"]
+    make_report(runs_root, out)  # written again: the user's files are still not the report's
+    assert {name: (out / name).read_text() for name in mine} == mine
+
+
+def test_a_reports_manifest_lists_what_it_wrote_and_only_its_files_are_removed(runs_root, tmp_path):
+    """The manifest names the files written (and the preset); a manifest entry that is not a
+    report file's plain name (another folder's file, a hidden or foreign name) is never removed."""
+    from fedvls_flwr.experiments.report import MANIFEST, read_manifest
+
+    out = tmp_path / "report"
+    written = make_report(runs_root, out, preset="table 1")
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert manifest == {"preset": "table 1", "files": sorted(p.name for p in written.values())}
+    assert read_manifest(out) == manifest and read_manifest(tmp_path) is None
+    outside = tmp_path / "results.md"
+    for path in (outside, out / "notes.txt", out / ".hidden.png", out / "accuracy-gone.png"):
+        path.write_text("x")
+    manifest["files"] += ["../results.md", "notes.txt", ".hidden.png", "accuracy-gone.png", str(outside)]
+    (out / MANIFEST).write_text(json.dumps(manifest))
+    again = make_report(runs_root, out)
+    assert not (out / "accuracy-gone.png").exists()  # a report wrote it, this one did not
+    assert outside.exists() and (out / "notes.txt").exists() and (out / ".hidden.png").exists()
+    assert set(out.iterdir()) == set(again.values()) | {out / "notes.txt", out / ".hidden.png", out / MANIFEST}
+    assert read_manifest(out) == {"preset": None, "files": sorted(p.name for p in again.values())}

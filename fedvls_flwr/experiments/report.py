@@ -16,13 +16,16 @@ Command line: ``python -m fedvls_flwr report RUNS_ROOT [--out DIR]``.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Iterable, Sequence
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from fedvls_flwr.app.results import atomic_write_json
 from fedvls_flwr.config.run_config import RunConfig, did_you_mean
 from fedvls_flwr.experiments.diagnostics_table import write_diagnostics
 from fedvls_flwr.experiments.plots import (
@@ -109,6 +112,7 @@ def make_report(
     gaps: Sequence[tuple[str, str]] = (),
     left_out: list[str] | None = None,
     notes: list[str] | None = None,
+    preset: str | None = None,
 ) -> dict[str, Path]:
     """Load every finished run under root; write the table and every plot with data
     (failed or stopped runs out of the table's means unless ``include_incomplete``).
@@ -116,11 +120,14 @@ def make_report(
     Output (default ``<root>/report``): results.md/.csv; per table row (dataset x
     partition ...): ``accuracy-<row>.png`` and ``per-class-<row>.png``; one
     ``partition-<row>-s<seed>.png`` per distinct recorded partition; diagnostics.md and
-    stages.md (/.csv) where runs recorded them. Files of those names that an earlier report left
-    in ``out_dir`` and this one does not write (a row it no longer has) are removed: the folder
-    shows one report; other files in it are left alone. Returns name -> path;
+    stages.md (/.csv) where runs recorded them, and :data:`MANIFEST`: the files it wrote (and
+    ``preset``, the preset whose report it is, for ``fedvls sweep``). The files an earlier report
+    listed in its manifest that this one does not write (a row it no longer has) are removed: the
+    folder shows one report. Nothing else is removed: a folder without a manifest (the user's own,
+    an earlier version's report) keeps every file. Returns name -> path (the manifest aside);
     ``left_out`` (a list) receives the run folders not tabulated, each with why; ``notes``
-    the tabulated runs whose rounds.jsonl lacks rounds their summary.json says completed.
+    the tabulated runs whose rounds.jsonl lacks rounds their summary.json says completed, and
+    the files of a report's names left in ``out_dir`` that this report did not write.
 
     Raises :class:`NoRunsError` (nothing written) when a root does not exist, no run folder
     is found, or no run completed (unless ``include_incomplete``), and
@@ -188,22 +195,64 @@ def make_report(
                 name = f"{name}-{len(seen)}"
             title = f"Label distribution — {_common_title([run])}, seed {run.seed}"
             written[name] = plot_partition(clients, out_dir / f"{name}.png", title=title)
-    _remove_stale(out_dir, written.values())
+    previous = read_manifest(out_dir)
+    _remove_stale(out_dir, written.values(), previous)
+    atomic_write_json(out_dir / MANIFEST, {"preset": preset, "files": sorted(Path(p).name for p in written.values())})
+    if notes is not None and (left := report_files_left(out_dir, written.values())):
+        notes.append(f"{out_dir} also holds {_some(left)}, which this report did not write (no report's manifest "
+                     "lists them: your own files, or an earlier version's report); they are left as they are: "
+                     "remove the ones that are stale")
     return written
 
 
-#: The files a report writes (:func:`make_report`); only these are removed as stale.
+#: The files a report writes (:func:`make_report`); only these can be removed as stale, and
+#: only where the folder's manifest says a report wrote them.
 REPORT_FILES = ("results.md", "results.csv", "diagnostics.md", "diagnostics.csv", "stages.md", "stages.csv",
                 "gaps.md", "gaps.csv", "gaps.png", "accuracy-*.png", "per-class-*.png", "partition-*.png")
+#: A report's record, in its folder, of the files it wrote and whose report it is (JSON:
+#: ``{"preset": name or null, "files": [names]}``).
+MANIFEST = ".fedvls-report.json"
 
 
-def _remove_stale(out_dir: Path, written: Iterable[Path]) -> None:
-    """An earlier report's files this one did not write again: left, they would read as part of it."""
-    kept = {Path(p).resolve() for p in written}
-    for pattern in REPORT_FILES:
-        for path in out_dir.glob(pattern):
-            if path.is_file() and path.resolve() not in kept:
-                path.unlink()
+def read_manifest(out_dir: str | Path) -> dict[str, Any] | None:
+    """The manifest a report left in ``out_dir``: ``files`` (plain names of report files) and
+    ``preset`` (str or None); None where there is none (no report of this version wrote there)
+    or it cannot be read."""
+    try:
+        data = json.loads((Path(out_dir) / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or not isinstance(files := data.get("files"), list):
+        return None
+    preset = data.get("preset")
+    return {"preset": preset if isinstance(preset, str) else None,
+            "files": [f for f in files if isinstance(f, str) and _is_report_file(f)]}
+
+
+def _is_report_file(name: str) -> bool:
+    """A plain file name (no folder, not hidden) of a report's names."""
+    return Path(name).name == name and not name.startswith(".") and any(fnmatch(name, p) for p in REPORT_FILES)
+
+
+def report_files_left(out_dir: Path, written: Iterable[Path] = ()) -> list[str]:
+    """The files of a report's names in ``out_dir`` that neither ``written`` nor its manifest lists."""
+    listed = {Path(p).name for p in written} | set((read_manifest(out_dir) or {}).get("files", []))
+    return sorted(p.name for pattern in REPORT_FILES for p in out_dir.glob(pattern)
+                  if p.is_file() and p.name not in listed)
+
+
+def _some(names: Sequence[str], shown: int = 5) -> str:
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+def _remove_stale(out_dir: Path, written: Iterable[Path], previous: dict[str, Any] | None) -> None:
+    """The files the last report here wrote (its manifest lists them) and this one did not write
+    again: left, they would read as part of this report. No manifest: nothing is removed."""
+    kept = {Path(p).name for p in written}
+    for name in (previous or {}).get("files", []):
+        if name not in kept and (path := out_dir / name).is_file():
+            path.unlink()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -95,6 +95,14 @@ def _identity_key(identity: dict[str, Any]) -> str:
     return json.dumps({**identity, "config": _with_defaults(identity["config"])}, sort_keys=True)
 
 
+def _run_identity(preset: Preset, overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """One run of ``preset`` (its ``overrides``): its run config, its federation (the preset's,
+    then the run's own) and its experiment identity (:func:`experiment_identity`)."""
+    run_config, federation = split_federation(overrides)
+    federation = {**preset.federation, **federation}
+    return run_config, federation, experiment_identity(run_config, federation.get("num-supernodes"))
+
+
 def _finished_runs(output_dir: Path) -> dict[str, str]:
     """identity (JSON) -> folder name of every completed run a sweep started under output_dir."""
     found: dict[str, str] = {}
@@ -138,6 +146,8 @@ def run_preset(
     view = view or ProgressView(log)
     log = view.message
     output_dir = Path(output_dir).resolve()
+    if report:
+        check_report_dir(preset, output_dir)  # before any run: not another preset's report overwritten at the end
     output_dir.mkdir(parents=True, exist_ok=True)
     check_data(preset)
     finished = _finished_runs(output_dir)
@@ -145,9 +155,7 @@ def run_preset(
     own = []  # the preset's run folders (a twin's where the same run finished under another name): the report's
     for overrides in preset.runs:
         name = overrides["run-name"]
-        run_config, federation = split_federation(overrides)
-        federation = {**preset.federation, **federation}
-        identity = experiment_identity(run_config, federation.get("num-supernodes"))
+        run_config, federation, identity = _run_identity(preset, overrides)
         if (output_dir / name / SUMMARY_FILE).exists():
             _check_same_settings(output_dir / name, identity)
             statuses[name] = "skipped (finished earlier)"
@@ -190,16 +198,52 @@ def run_preset(
         try:
             if not (folders := [d for d in dict.fromkeys(own) if d.is_dir()]):
                 raise NoRunsError(f"none of the preset's {len(own)} runs has a folder in {output_dir}")
-            paths = make_report(folders, out_dir=report_dir, rows=preset.table_rows, cols=preset.table_cols)
+            notes: list[str] = []
+            paths = make_report(folders, out_dir=report_dir, rows=preset.table_rows, cols=preset.table_cols,
+                                notes=notes, preset=preset.name)
             log(f"[sweep] report: {report_dir}")
+            for note in notes:
+                log(f"[sweep] note: {note}")
         except NoRunsError as err:  # every run failed: their logs are said above
             log(f"[sweep] no report: {err}")
+        if (old := _old_layout_note(report_dir.parent)) is not None:
+            log(old)
     return {"statuses": statuses, "report": paths}
 
 
 def sweep_report_dir(preset: Preset, output_dir: Path) -> Path:
     """``<output>/report/<preset name>``: each preset's report apart, whichever presets share the folder."""
     return Path(output_dir) / "report" / (re.sub(r"[^A-Za-z0-9._-]+", "-", preset.name).strip("-.") or "preset")
+
+
+def check_report_dir(preset: Preset, output_dir: Path) -> None:
+    """The preset's report folder does not hold another preset's report: two names that make one
+    folder name ('table 1', 'table-1'; on a case-insensitive disk, 'T1' and 't1') would write one
+    report over the other. Said before any run starts; the report's manifest names its preset (a
+    folder without one, written by ``fedvls report`` or an earlier version, names none)."""
+    from fedvls_flwr.experiments.report import read_manifest
+
+    report_dir = sweep_report_dir(preset, output_dir)
+    other = (read_manifest(report_dir) or {}).get("preset")
+    if other is not None and other != preset.name:
+        raise PresetError(
+            f"preset {preset.path}: its name {preset.name!r} makes the report folder {report_dir}, which holds the "
+            f"report of preset {other!r} (both names make the folder name {report_dir.name!r}); rename one of them "
+            f"(name: in its YAML), give this sweep another --output-dir, or, if {other!r} was this preset's old name, "
+            f"remove {report_dir}")
+
+
+def _old_layout_note(report_root: Path) -> str | None:
+    """A line naming report files straight in ``<output>/report/`` that no report's manifest lists
+    there: an earlier version wrote a sweep's report there (now each preset's is in a folder of its
+    own), so they may be stale. Not removed: without a manifest they may be the user's."""
+    from fedvls_flwr.experiments.report import _some, report_files_left
+
+    if not report_root.is_dir() or not (left := report_files_left(report_root)):
+        return None
+    return (f"[sweep] note: {report_root} also holds {_some(left)}, not of this report: an earlier version's sweep "
+            f"report (each preset's report is now in {report_root}/<preset name>/) or your own files; left as they "
+            "are: remove them if they are stale")
 
 
 def _record_start(output_dir: Path, run_config: dict[str, Any], federation: dict[str, Any],
@@ -347,8 +391,7 @@ def kept_after_stop(preset: Preset, output_dir: Path, argv: list[str]) -> str:
     twins = _finished_runs(output_dir) if output_dir.is_dir() else {}
     finished = 0
     for overrides in preset.runs:  # finished under its own name, or as another preset's same run
-        run_config, federation = split_federation(overrides)
-        identity = experiment_identity(run_config, {**preset.federation, **federation}.get("num-supernodes"))
+        identity = _run_identity(preset, overrides)[2]
         finished += _completed(output_dir / overrides["run-name"]) or _identity_key(identity) in twins
     again = " ".join(["fedvls", "sweep", *map(shell_word, argv)])
     return (f"{finished} of {len(names)} runs are finished in {output_dir}, and a run stopped midway keeps its "

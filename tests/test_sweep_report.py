@@ -1,0 +1,111 @@
+"""Where a sweep's report goes and what it leaves alone, with the runs faked (no training): two
+presets whose names make one report folder are stopped before any run, and report files an
+earlier version left straight in ``<output>/report/`` are named, not removed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fedvls_flwr.experiments import sweep
+from fedvls_flwr.experiments.preset import PresetError, load_preset
+from fedvls_flwr.experiments.report import make_report
+
+
+def _preset(tmp_path: Path, name: str, methods: str = "[fedavg, fedvls]") -> Path:
+    path = tmp_path / f"{len(list(tmp_path.glob('*.yaml')))}.yaml"
+    path.write_text(f"name: {name}\nbase: {{dataset: digits, num-server-rounds: 2}}\n"
+                    f"grid: {{method: {methods}}}\nfederation: {{num-supernodes: 3}}\n")
+    return path
+
+
+@pytest.fixture()
+def fake_runs(monkeypatch) -> list[str]:
+    """The in-process engine replaced by run folders with two recorded rounds each; the names
+    of the runs it was given."""
+    started: list[str] = []
+
+    def run(todo, planned, output_dir, statuses, view, **_):
+        for run_config, _federation, _identity in todo:
+            name = run_config["run-name"]
+            (output_dir / name).mkdir()
+            (output_dir / name / "rounds.jsonl").write_text(
+                "".join(json.dumps({"round": r, "accuracy": 0.5 + r / 10}) + "\n" for r in (0, 1, 2)))
+            (output_dir / name / "summary.json").write_text(json.dumps(
+                {"status": "completed", "config": run_config, "best_accuracy": 0.7, "best_round": 2,
+                 "final_accuracy": 0.7, "final_round": 2, "rounds_completed": 2}))
+            statuses[name] = "completed"
+            started.append(name)
+
+    monkeypatch.setattr(sweep, "_run_in_process", run)
+    return started
+
+
+def test_two_presets_whose_names_make_one_report_folder_are_stopped_before_any_run(tmp_path, fake_runs, capsys,
+                                                                                  monkeypatch):
+    """'table-1' and 'table 1' both make report/table-1/: the second sweep would write its
+    report over the first's. It stops before any run, naming both presets and the ways out."""
+    out = tmp_path / "out"
+    first = sweep.run_preset(load_preset(_preset(tmp_path, "table-1")), out, log=lambda *a: None)
+    assert first["report"]["table_md"] == out / "report" / "table-1" / "results.md"
+    before = {p.name: p.read_bytes() for p in (out / "report" / "table-1").iterdir()}
+    ran = list(fake_runs)
+    clash = load_preset(_preset(tmp_path, "table 1", methods="[fedlc]"))
+    with pytest.raises(PresetError) as err:
+        sweep.run_preset(clash, out, log=lambda *a: None)
+    assert str(err.value) == (
+        f"preset {clash.path}: its name 'table 1' makes the report folder {out / 'report' / 'table-1'}, which holds "
+        "the report of preset 'table-1' (both names make the folder name 'table-1'); rename one of them (name: in "
+        "its YAML), give this sweep another --output-dir, or, if 'table-1' was this preset's old name, remove "
+        f"{out / 'report' / 'table-1'}")
+    assert fake_runs == ran  # no run started
+    assert {p.name: p.read_bytes() for p in (out / "report" / "table-1").iterdir()} == before
+    # the command line says it in one line, exit status 2
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    capsys.readouterr()
+    assert sweep.main([str(clash.path), "-o", str(out)]) == 2
+    assert capsys.readouterr().err == f"error: {err.value}\n"
+    assert fake_runs == ran
+
+
+def test_a_preset_swept_again_or_into_a_folder_fedvls_report_wrote_keeps_its_report_folder(tmp_path, fake_runs):
+    """Not a clash: the same preset again (more runs: its report is written anew), or a report
+    folder that `fedvls report --out` wrote (its manifest names no preset)."""
+    from fedvls_flwr.experiments.report import MANIFEST
+
+    out = tmp_path / "out"
+    sweep.run_preset(load_preset(_preset(tmp_path, "table-1", methods="[fedavg]")), out, log=lambda *a: None)
+    again = sweep.run_preset(load_preset(_preset(tmp_path, "table-1")), out, log=lambda *a: None)
+    assert "FedVLS" in again["report"]["table_md"].read_text()
+    make_report(out, out / "report" / "other")
+    assert json.loads((out / "report" / "other" / MANIFEST).read_text())["preset"] is None
+    assert sweep.run_preset(load_preset(_preset(tmp_path, "other")), out, log=lambda *a: None)["report"]
+    assert json.loads((out / "report" / "other" / MANIFEST).read_text())["preset"] == "other"
+
+
+def test_an_earlier_versions_report_straight_in_report_is_named_not_removed(tmp_path, fake_runs):
+    """Earlier versions wrote a sweep's report straight into <output>/report/: beside the
+    per-preset folders it would read as current. The sweep names those files in one line and
+    removes none (no manifest says a report wrote them: they may be the user's)."""
+    out = tmp_path / "out"
+    (out / "report").mkdir(parents=True)
+    old = {"results.md": "old table", "accuracy-digits-dirichlet-0.5.png": "old plot", "notes.txt": "mine"}
+    for name, text in old.items():
+        (out / "report" / name).write_text(text)
+    logs: list[str] = []
+    sweep.run_preset(load_preset(_preset(tmp_path, "table-1")), out, log=logs.append)
+    notes = [line for line in logs if "also holds" in line]
+    assert notes == [
+        f"[sweep] note: {out / 'report'} also holds accuracy-digits-dirichlet-0.5.png, results.md, not of this "
+        f"report: an earlier version's sweep report (each preset's report is now in {out / 'report'}/<preset name>/) "
+        "or your own files; left as they are: remove them if they are stale"], logs
+    assert {name: (out / "report" / name).read_text() for name in old} == old
+    # a report of the whole folder that `fedvls report` writes there now is current: not named
+    for name in old:
+        (out / "report" / name).unlink()
+    make_report(out, out / "report")
+    logs.clear()
+    sweep.run_preset(load_preset(_preset(tmp_path, "table-1")), out, log=logs.append)
+    assert not [line for line in logs if "also holds" in line], logs
