@@ -620,9 +620,10 @@ def test_a_reports_manifest_lists_what_it_wrote_and_only_its_files_are_removed(r
     from fedvls_flwr.experiments.report import MANIFEST, read_manifest
 
     out = tmp_path / "report"
-    written = make_report(runs_root, out, preset="table 1")
+    written = make_report(runs_root, out, preset="table 1", preset_file="/presets/t1.yaml")
     manifest = json.loads((out / MANIFEST).read_text())
-    assert manifest == {"preset": "table 1", "files": sorted(p.name for p in written.values())}
+    assert manifest == {"preset": "table 1", "preset_file": "/presets/t1.yaml",
+                        "files": sorted(p.name for p in written.values())}
     assert read_manifest(out) == manifest and read_manifest(tmp_path) is None
     outside = tmp_path / "results.md"
     for path in (outside, out / "notes.txt", out / ".hidden.png", out / "accuracy-gone.png"):
@@ -633,4 +634,4 @@ def test_a_reports_manifest_lists_what_it_wrote_and_only_its_files_are_removed(r
     assert not (out / "accuracy-gone.png").exists()  # a report wrote it, this one did not
     assert outside.exists() and (out / "notes.txt").exists() and (out / ".hidden.png").exists()
     assert set(out.iterdir()) == set(again.values()) | {out / "notes.txt", out / ".hidden.png", out / MANIFEST}
-    assert read_manifest(out) == {"preset": None, "files": sorted(p.name for p in again.values())}
+    assert read_manifest(out) == {"preset": None, "preset_file": None, "files": sorted(p.name for p in again.values())}

@@ -14,8 +14,9 @@ from fedvls_flwr.experiments.preset import PresetError, load_preset
 from fedvls_flwr.experiments.report import make_report
 
 
-def _preset(tmp_path: Path, name: str, methods: str = "[fedavg, fedvls]") -> Path:
-    path = tmp_path / f"{len(list(tmp_path.glob('*.yaml')))}.yaml"
+def _preset(tmp_path: Path, name: str, methods: str = "[fedavg, fedvls]", path: Path | None = None) -> Path:
+    """A preset YAML: ``path``, or a new file in ``tmp_path``."""
+    path = path or tmp_path / f"{len(list(tmp_path.glob('*.yaml')))}.yaml"
     path.write_text(f"name: {name}\nbase: {{dataset: digits, num-server-rounds: 2}}\n"
                     f"grid: {{method: {methods}}}\nfederation: {{num-supernodes: 3}}\n")
     return path
@@ -76,13 +77,31 @@ def test_a_preset_swept_again_or_into_a_folder_fedvls_report_wrote_keeps_its_rep
     from fedvls_flwr.experiments.report import MANIFEST
 
     out = tmp_path / "out"
-    sweep.run_preset(load_preset(_preset(tmp_path, "table-1", methods="[fedavg]")), out, log=lambda *a: None)
-    again = sweep.run_preset(load_preset(_preset(tmp_path, "table-1")), out, log=lambda *a: None)
+    first = _preset(tmp_path, "table-1", methods="[fedavg]")
+    sweep.run_preset(load_preset(first), out, log=lambda *a: None)
+    again = sweep.run_preset(load_preset(_preset(tmp_path, "table-1", path=first)), out, log=lambda *a: None)  # edited
     assert "FedVLS" in again["report"]["table_md"].read_text()
     make_report(out, out / "report" / "other")
     assert json.loads((out / "report" / "other" / MANIFEST).read_text())["preset"] is None
     assert sweep.run_preset(load_preset(_preset(tmp_path, "other")), out, log=lambda *a: None)["report"]
     assert json.loads((out / "report" / "other" / MANIFEST).read_text())["preset"] == "other"
+    moved = first.rename(tmp_path / "moved.yaml")  # a YAML moved away is the same preset, not another one
+    assert sweep.run_preset(load_preset(_preset(tmp_path, "table-1", path=moved)), out, log=lambda *a: None)["report"]
+
+
+def test_two_yamls_of_one_name_are_stopped_before_any_run(tmp_path, fake_runs):
+    """A copied preset whose name was not changed (or t1.yaml in two folders) would write its
+    report over the other's; while the other YAML exists, it stops before any run."""
+    out = tmp_path / "out"
+    first = _preset(tmp_path, "table-1")
+    sweep.run_preset(load_preset(first), out, log=lambda *a: None)
+    ran = list(fake_runs)
+    copy = load_preset(_preset(tmp_path, "table-1", methods="[fedlc]"))
+    with pytest.raises(PresetError) as err:
+        sweep.run_preset(copy, out, log=lambda *a: None)
+    assert str(err.value).startswith(f"preset {copy.path}: the report folder {out / 'report' / 'table-1'} holds the "
+                                     f"report of another preset of the same name 'table-1', {first.resolve()}, ")
+    assert fake_runs == ran
 
 
 def test_an_earlier_versions_report_straight_in_report_is_named_not_removed(tmp_path, fake_runs):
@@ -95,7 +114,8 @@ def test_an_earlier_versions_report_straight_in_report_is_named_not_removed(tmp_
     for name, text in old.items():
         (out / "report" / name).write_text(text)
     logs: list[str] = []
-    sweep.run_preset(load_preset(_preset(tmp_path, "table-1")), out, log=logs.append)
+    preset = _preset(tmp_path, "table-1")
+    sweep.run_preset(load_preset(preset), out, log=logs.append)
     notes = [line for line in logs if "also holds" in line]
     assert notes == [
         f"[sweep] note: {out / 'report'} also holds accuracy-digits-dirichlet-0.5.png, results.md, not of this "
@@ -107,5 +127,5 @@ def test_an_earlier_versions_report_straight_in_report_is_named_not_removed(tmp_
         (out / "report" / name).unlink()
     make_report(out, out / "report")
     logs.clear()
-    sweep.run_preset(load_preset(_preset(tmp_path, "table-1")), out, log=logs.append)
+    sweep.run_preset(load_preset(preset), out, log=logs.append)
     assert not [line for line in logs if "also holds" in line], logs

@@ -113,6 +113,7 @@ def make_report(
     left_out: list[str] | None = None,
     notes: list[str] | None = None,
     preset: str | None = None,
+    preset_file: str | None = None,
 ) -> dict[str, Path]:
     """Load every finished run under root; write the table and every plot with data
     (failed or stopped runs out of the table's means unless ``include_incomplete``).
@@ -121,7 +122,7 @@ def make_report(
     partition ...): ``accuracy-<row>.png`` and ``per-class-<row>.png``; one
     ``partition-<row>-s<seed>.png`` per distinct recorded partition; diagnostics.md and
     stages.md (/.csv) where runs recorded them, and :data:`MANIFEST`: the files it wrote (and
-    ``preset``, the preset whose report it is, for ``fedvls sweep``). The files an earlier report
+    ``preset`` and ``preset_file``, the preset whose report it is and its YAML, for ``fedvls sweep``). The files an earlier report
     listed in its manifest that this one does not write (a row it no longer has) are removed: the
     folder shows one report. Nothing else is removed: a folder without a manifest (the user's own,
     an earlier version's report) keeps every file. Returns name -> path (the manifest aside);
@@ -197,7 +198,8 @@ def make_report(
             written[name] = plot_partition(clients, out_dir / f"{name}.png", title=title)
     previous = read_manifest(out_dir)
     _remove_stale(out_dir, written.values(), previous)
-    atomic_write_json(out_dir / MANIFEST, {"preset": preset, "files": sorted(Path(p).name for p in written.values())})
+    atomic_write_json(out_dir / MANIFEST, {"preset": preset, "preset_file": preset_file,
+                                           "files": sorted(Path(p).name for p in written.values())})
     if notes is not None and (left := report_files_left(out_dir, written.values())):
         notes.append(f"{out_dir} also holds {_some(left)}, which this report did not write (no report's manifest "
                      "lists them: your own files, or an earlier version's report); they are left as they are: "
@@ -210,13 +212,13 @@ def make_report(
 REPORT_FILES = ("results.md", "results.csv", "diagnostics.md", "diagnostics.csv", "stages.md", "stages.csv",
                 "gaps.md", "gaps.csv", "gaps.png", "accuracy-*.png", "per-class-*.png", "partition-*.png")
 #: A report's record, in its folder, of the files it wrote and whose report it is (JSON:
-#: ``{"preset": name or null, "files": [names]}``).
+#: ``{"preset": name or null, "preset_file": its YAML or null, "files": [names]}``).
 MANIFEST = ".fedvls-report.json"
 
 
 def read_manifest(out_dir: str | Path) -> dict[str, Any] | None:
     """The manifest a report left in ``out_dir``: ``files`` (plain names of report files) and
-    ``preset`` (str or None); None where there is none (no report of this version wrote there)
+    ``preset`` and ``preset_file`` (str or None); None where there is none (no report of this version wrote there)
     or it cannot be read."""
     try:
         data = json.loads((Path(out_dir) / MANIFEST).read_text())
@@ -224,8 +226,9 @@ def read_manifest(out_dir: str | Path) -> dict[str, Any] | None:
         return None
     if not isinstance(data, dict) or not isinstance(files := data.get("files"), list):
         return None
-    preset = data.get("preset")
+    preset, preset_file = data.get("preset"), data.get("preset_file")
     return {"preset": preset if isinstance(preset, str) else None,
+            "preset_file": preset_file if isinstance(preset_file, str) else None,
             "files": [f for f in files if isinstance(f, str) and _is_report_file(f)]}
 
 

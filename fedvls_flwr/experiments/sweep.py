@@ -199,8 +199,9 @@ def run_preset(
             if not (folders := [d for d in dict.fromkeys(own) if d.is_dir()]):
                 raise NoRunsError(f"none of the preset's {len(own)} runs has a folder in {output_dir}")
             notes: list[str] = []
+            yaml_file = None if preset.path is None else str(Path(preset.path).resolve())
             paths = make_report(folders, out_dir=report_dir, rows=preset.table_rows, cols=preset.table_cols,
-                                notes=notes, preset=preset.name)
+                                notes=notes, preset=preset.name, preset_file=yaml_file)
             log(f"[sweep] report: {report_dir}")
             for note in notes:
                 log(f"[sweep] note: {note}")
@@ -219,12 +220,23 @@ def sweep_report_dir(preset: Preset, output_dir: Path) -> Path:
 def check_report_dir(preset: Preset, output_dir: Path) -> None:
     """The preset's report folder does not hold another preset's report: two names that make one
     folder name ('table 1', 'table-1'; on a case-insensitive disk, 'T1' and 't1') would write one
-    report over the other. Said before any run starts; the report's manifest names its preset (a
-    folder without one, written by ``fedvls report`` or an earlier version, names none)."""
+    report over the other, and so would two YAMLs of one name (a copied preset, or ``t1.yaml`` in two
+    folders) while both exist. Said before any run starts; the report's manifest names its preset
+    and its YAML (a folder without one, written by ``fedvls report`` or an earlier version, names
+    none; a YAML that was moved away is not another preset)."""
     from fedvls_flwr.experiments.report import read_manifest
 
     report_dir = sweep_report_dir(preset, output_dir)
-    other = (read_manifest(report_dir) or {}).get("preset")
+    manifest = read_manifest(report_dir) or {}
+    other, other_file = manifest.get("preset"), manifest.get("preset_file")
+    this_file = None if preset.path is None else Path(preset.path).resolve()
+    if other == preset.name and other_file is not None and this_file is not None and Path(other_file) != this_file \
+            and Path(other_file).is_file():
+        raise PresetError(
+            f"preset {preset.path}: the report folder {report_dir} holds the report of another preset of the same "
+            f"name {other!r}, {other_file}, which still exists (two YAMLs with one name, or of one file name in two "
+            f"folders, share a report folder); give one of them another name (name: in its YAML), or give this sweep "
+            f"another --output-dir")
     if other is not None and other != preset.name:
         raise PresetError(
             f"preset {preset.path}: its name {preset.name!r} makes the report folder {report_dir}, which holds the "
