@@ -96,7 +96,7 @@ def markdown(results: dict[str, dict[str, dict[str, float]]], load: tuple[str, s
     lines = [f"{REPLIES} replies; medians; {platform.node()} ({os.cpu_count()} cores), load average before {load[0]}, "
              f"after {load[1]}; {time.strftime('%Y-%m-%d')}, `python bench/bench_reply_path.py --write "
              "docs/performance.md`; each figure / the floor in brackets.", "",
-             "| model | MB | allocator | one copy of its bytes (the floor) | a reply encoded (client) "
+             "| model | MiB | allocator | one copy of its bytes (the floor) | a reply encoded (client) "
              "| a reply read (server) | its share of the average (server) |", "|---|---:|---|---:|---:|---:|---:|"]
     for label, variants in results.items():
         for variant, r in variants.items():

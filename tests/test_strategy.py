@@ -59,6 +59,17 @@ def test_weighted_average_over_accepted_replies_malformed_and_nan_rejected():
     assert strategy.report.drift_diversity == pytest.approx((1 * 6 + 16 * 6) / (25 * 6))
 
 
+def test_a_reply_whose_array_cannot_be_read_is_rejected_and_the_round_goes_on():
+    strategy = RunStrategy(RunConfig())
+    strategy.report.sampled = 2
+    broken = reply(2, arrays(3.0), 10)
+    broken.content[ARRAYS_KEY]["w"] = Array(dtype="float32", shape=(2, 2), stype="numpy.ndarray", data=b"not npy")
+    new, _ = strategy.aggregate_train(1, [reply(1, arrays(1.0), 10), broken], GLOBAL)
+    np.testing.assert_array_equal(to_numpy_dict(new)["w"], np.ones((2, 2), np.float32))
+    assert strategy.report.accepted == 1 and len(strategy.report.rejected) == 1
+    assert "holds an array that cannot be read" in strategy.report.rejected[0]["reason"]
+
+
 def test_aggregation_reads_the_replies_without_changing_them():
     """The server reads each reply's arrays in place (no copy of a 45 MB model per reply): the
     replies hold afterwards exactly the bytes they came with, and the average is theirs."""

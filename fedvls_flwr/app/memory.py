@@ -1,15 +1,18 @@
 """Large buffers that come and go every message, without the kernel zeroing fresh pages each time.
 
 A round moves a model's arrays several times: a client encodes its reply, a worker hands it
-over, the server reads and averages it. With glibc's default settings a freed buffer of more
-than 128 KiB goes back to the kernel at once (its heap top is trimmed, or its mmap unmapped),
-so the next buffer of that size faults in and zeroes new pages: for ResNet-18 (43 MB) that cost
-is most of the work (a reply encoded in 19 ms where one copy of its bytes takes 2.4,
-``bench/bench_reply_path.py``). Keeping up to ``TRIM_THRESHOLD`` of freed memory in the process
-and serving blocks of up to ``MMAP_THRESHOLD`` from it makes the same work 4 ms.
+over, the server reads and averages it. glibc gives a block over its mmap threshold fresh pages
+of the kernel and returns them when it is freed; the threshold starts at 128 KiB and rises to the
+size of the largest block freed so far (at most 32 MiB), and a heap's free top beyond twice that
+goes back to the kernel. So after each large reply the heap is trimmed, and the next reply faults
+in and zeroes those pages again: for ResNet-18 (43 MB) most of the work (a reply encoded in 19
+ms where one copy of its bytes takes 2.4, ``bench/bench_reply_path.py``). Serving blocks of up to
+``MMAP_THRESHOLD`` from the heap and keeping up to ``TRIM_THRESHOLD`` free at a heap's top makes
+the same work 4 ms.
 
-The price: a process may hold up to ``TRIM_THRESHOLD`` more memory than it uses after a large
-round. ``FEDVLS_SYSTEM_MALLOC=1``, or glibc's own ``MALLOC_MMAP_THRESHOLD_`` /
+The price: a process may hold more memory than it uses after a large round, up to
+``TRIM_THRESHOLD`` per malloc arena (glibc keeps about one per thread that allocates) plus what
+fragmentation leaves. ``FEDVLS_SYSTEM_MALLOC=1``, or glibc's own ``MALLOC_MMAP_THRESHOLD_`` /
 ``MALLOC_TRIM_THRESHOLD_`` / ``GLIBC_TUNABLES`` malloc settings in the environment, leave the
 allocator as the user set it. Called by the app's entry modules (``client_app``,
 ``server_app``), so it holds for every process that runs the app: the in-process engine and
@@ -27,7 +30,7 @@ M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 #: Blocks up to this size come from the heap (glibc's largest allowed on 64-bit: 32 MiB).
 MMAP_THRESHOLD = 32 * 2**20
-#: Freed memory the heap keeps before giving it back to the kernel.
+#: Free memory a heap keeps at its top before giving it back to the kernel.
 TRIM_THRESHOLD = 256 * 2**20
 OPT_OUT = "FEDVLS_SYSTEM_MALLOC"
 _USERS_OWN = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")

@@ -294,8 +294,11 @@ class RunStrategy(Strategy):
         for name in keys.NOT_AVERAGED:
             metrics.pop(name, None)
         scalars = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
-        # read, never written: the reply's own bytes, not a copy of them (read_only_dict)
-        return Reply(node, read_only_dict(arrays_in(content, keys.ARRAYS)), num_examples, scalars), None
+        try:  # read, never written: the reply's own bytes, not a copy of them (read_only_dict)
+            arrays = read_only_dict(arrays_in(content, keys.ARRAYS))
+        except Exception as err:  # noqa: BLE001 - an array numpy cannot read: this reply is rejected, not the round
+            return None, f"reply '{keys.ARRAYS}' holds an array that cannot be read: {type(err).__name__}: {err}"
+        return Reply(node, arrays, num_examples, scalars), None
 
     def initial_state(self, grid: Grid, model_arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The round state before round 1 (the protocol's), with the sites' declared
@@ -437,6 +440,7 @@ class RunStrategy(Strategy):
                 new_global = to_numpy_dict(new_arrays) if self.companions else {}
                 for companion in self.companions.values():
                     companion.observe(server_round, reference, new_global, self._accepted)
+                self._accepted = []  # the replies' arrays (ResNet-18: 43 MB each) not kept to the next round
                 for part in self.parts.values():
                     self.report.server_parts.update(part.report())
                 return new_arrays

@@ -122,10 +122,11 @@ def generators_apart(clients: ClientGenerators) -> Iterator[None]:
 
     CUDA the server had not opened: its generators did not exist, so none was saved. Torch
     makes them when CUDA opens, seeded as the last ``torch.manual_seed`` (or ``torch.seed``)
-    asked, with the CPU generator's seed, ``torch.initial_seed()``. So afterwards they are
-    seeded again from the server's ``torch.initial_seed()``: at once if a client opened CUDA
-    (not left where the clients' draws took them), else when CUDA opens (a seed a client asked
-    for, still waiting for CUDA, is not the server's).
+    asked, with the CPU generator's seed, ``torch.initial_seed()`` (where no seed was ever asked
+    for, randomly). So afterwards they are seeded again from the server's
+    ``torch.initial_seed()``: at once if a client opened CUDA (not left where the clients' draws
+    took them), else when CUDA opens (a seed a client asked for, still waiting for CUDA, is not
+    the server's). The app always seeds the server (``torch.manual_seed``).
 
     On the way out the server's generators go back first, whatever happens: the CPU ones before
     anything that can fail, the CUDA ones whether or not the clients' could be read. A CUDA
@@ -167,10 +168,11 @@ def _leave(clients: ClientGenerators, server_cpu: tuple[Any, ...], server_cuda: 
             torch.cuda.manual_seed_all(server_seed)
     except Exception as ex:  # noqa: BLE001
         errors.append(ex)
+    shown = errors[1:] if raising else errors  # the first is raised: the others said here
+    for error in shown:
+        logging.getLogger("flwr").warning("the random generators around in-process clients: %s", error)
     if errors and raising:
         raise errors[0]
-    for error in errors:
-        logging.getLogger("flwr").warning("the random generators around in-process clients: %s", error)
 
 
 def run_client(client_app: ClientApp, message: Message, context: Context, threads: int) -> tuple[Message, bool]:
