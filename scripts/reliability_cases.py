@@ -17,21 +17,25 @@ from pathlib import Path
 
 from scripts.reliability_setups import (
     DIGITS,
+    FEDCONCAT,
     GOOD_PRESET,
     bad_label_mnist,
     certificate_folder,
+    fedconcat_run_folder,
     finished_runs,
     held_run_folder,
     moved,
     no_ray,
     node_folders,
     preset,
+    remove_frozen_file,
     run_folder,
     runs_for_report,
     same_seed_on_both_engines,
     stale_lock_run_folder,
     tear_line,
     truncate_checkpoint,
+    truncate_frozen_file,
     write_file,
 )
 
@@ -168,6 +172,16 @@ CASES: tuple[Case, ...] = (
     check("resume-truncated-ckpt", "resume, truncated checkpoint.npz",
           "output-dir='{tmp}/runs' run-name='ckpt' resume=true", "--no-data", fast=True,
           setup=run_folder("ckpt", 2, truncate_checkpoint)),
+    Case("resume-frozen-missing", "`fedvls run` resuming a FedConcat run in its second stage whose "
+         "`checkpoint-frozen-<digest>.npz` (the frozen encoders checkpoint.npz takes from it) is missing",
+         RUN + ("--run-config", f"output-dir='{{tmp}}/runs' run-name='frozen' resume=true num-server-rounds=5 {FEDCONCAT}",
+                "--federation-config", "num-supernodes=4 client-resources-num-cpus=1"), fast=True,
+         setup=fedconcat_run_folder("frozen", 3, remove_frozen_file)),
+    Case("resume-frozen-truncated", "`fedvls run` resuming a FedConcat run in its second stage whose "
+         "`checkpoint-frozen-<digest>.npz` is truncated (checkpoint.npz intact)",
+         RUN + ("--run-config", f"output-dir='{{tmp}}/runs' run-name='frozen' resume=true num-server-rounds=5 {FEDCONCAT}",
+                "--federation-config", "num-supernodes=4 client-resources-num-cpus=1"), fast=True,
+         setup=fedconcat_run_folder("frozen", 3, truncate_frozen_file)),
     check("resume-garbage-state", "resume, garbage state.json",
           "output-dir='{tmp}/runs' run-name='state' resume=true", "--no-data", fast=True,
           setup=run_folder("state", 2, lambda d: (d / "state.json").write_text("\x00garbage"))),
@@ -411,6 +425,13 @@ FAULTS: tuple[Fault, ...] = (
           "the run stops with `could not write <path>: No space left on device. The results up to round 1 of 4 are "
           "complete and safe ...`, round 3's failure logged beside it; `summary.json` says round 1; resume matches "
           "the uninterrupted run"),
+    Fault("enospc-frozen", "`ENOSPC` writing `checkpoint-frozen-<digest>.npz` (FedConcat's first head round, round "
+          "3 of 5); a second frozen file that cannot be written beside the one the last checkpoint names",
+          "tests/test_resume.py::test_a_full_disk_writing_the_frozen_file_keeps_the_last_checkpoint_and_resumes "
+          "tests/test_resume.py::test_a_full_disk_writing_a_new_frozen_file_leaves_the_last_checkpoint_and_its_frozen_file",
+          "`could not write <run>/checkpoint-frozen-<digest>.npz: No space left on device. The results up to round 2 "
+          "of 5 are complete and safe ...`; no half-written frozen or temp file; the last checkpoint (and the frozen "
+          "file it names) unchanged and loadable; resume matches the uninterrupted run"),
     Fault("error-while-writing", "round 3 fails while round 2's files are still being written",
           "tests/test_resume.py::test_an_error_while_a_round_is_written_counts_that_round_once_written",
           "the run waits for round 2's files; `summary.json` and `state.json` say round 2; resume matches the "
@@ -423,6 +444,12 @@ FAULTS: tuple[Fault, ...] = (
           "tests/test_resume.py::test_torn_line_the_checkpoint_covers_is_named tests/test_resume.py::"
           "test_truncated_checkpoint_is_named tests/test_resume.py::test_inconsistent_state_and_checkpoint_are_refused",
           "refused, naming the file and what to do"),
+    Fault("frozen-damaged-refused", "the frozen file FedConcat's checkpoint names missing / truncated, at the "
+          "server's resume (`flwr run`'s path)",
+          "tests/test_resume.py::test_a_missing_or_damaged_frozen_file_ends_the_resume_naming_it_and_changes_nothing",
+          "refused naming that file (`resume: <run>/checkpoint-frozen-<digest>.npz is missing` / `is damaged "
+          "(BadZipFile: ...); <run>/checkpoint.npz, which is intact, ...`) and what to do; no file of the run folder "
+          "changes; with the file restored the resume matches the uninterrupted run"),
     Fault("two-runs-one-folder", "two `fedvls run` started together on one `output-dir`/`run-name`, other settings",
           "tests/test_e2e_run_refusals.py::test_two_fedvls_runs_started_together_on_one_folder_one_runs_the_other_is_refused",
           "one completes; the other exits 2 before any round: `run folder ... is in use by another run (pid ... on host "

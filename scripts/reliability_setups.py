@@ -65,6 +65,53 @@ def run_folder(name: str, rounds: int, damage: Callable[[Path], None] | None = N
     return setup
 
 
+#: The run config of :func:`fedconcat_run_folder`'s runs (its resume gives the same, with resume=true).
+FEDCONCAT = "protocol='fedconcat' fedconcat-assignment='0,1,0,1' fedconcat-encoder-rounds=2"
+
+
+def fedconcat_run_folder(name: str, rounds: int, damage: Callable[[Path], None] | None = None) -> Callable[[Path], None]:
+    """A digits FedConcat run (:data:`FEDCONCAT`: 2 clusters of 2 sites, 2 encoder rounds, then
+    head rounds) stopped after ``rounds`` rounds (> 2: in its second stage), made by the real
+    server code on a fake Grid (tests/test_fedconcat.py), then ``damage``d. From round 3 on its
+    checkpoint takes the frozen encoders (their 200x200 layers, 160 KB each: above
+    ``FROZEN_MIN_BYTES``) from ``checkpoint-frozen-<digest>.npz`` beside it."""
+    def setup(tmp: Path) -> None:
+        from fedvls_flwr.app.results import FROZEN_FILE_PREFIX
+        from fedvls_flwr.app.server import run_experiment
+        from fedvls_flwr.config.run_config import RunConfig
+        from tests.runs import flower_run_identity
+        from tests.test_fedconcat import ConcatGrid
+
+        cfg = RunConfig(dataset="digits", num_server_rounds=rounds, output_dir=str(tmp / "runs"), run_name=name,
+                        protocol="fedconcat", fedconcat_assignment="0,1,0,1", fedconcat_encoder_rounds=2)
+        with flower_run_identity():  # Flower's messages need one
+            run_dir = run_experiment(ConcatGrid(), cfg)
+        (run_dir / "summary.json").unlink()
+        (run_dir / "model_final.npz").unlink()
+        if len(list(run_dir.glob(f"{FROZEN_FILE_PREFIX}*.npz"))) != 1:
+            raise RuntimeError(f"{run_dir} holds no frozen file: this case would test nothing")
+        if damage is not None:
+            damage(run_dir)
+    return setup
+
+
+def frozen_file(run_dir: Path) -> Path:
+    from fedvls_flwr.app.results import FROZEN_FILE_PREFIX
+
+    (path,) = run_dir.glob(f"{FROZEN_FILE_PREFIX}*.npz")
+    return path
+
+
+def remove_frozen_file(run_dir: Path) -> None:
+    frozen_file(run_dir).unlink()
+
+
+def truncate_frozen_file(run_dir: Path) -> None:
+    path = frozen_file(run_dir)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
 def tear_line(covered: bool) -> Callable[[Path], None]:
     def damage(run_dir: Path) -> None:
         text = (run_dir / "rounds.jsonl").read_text()

@@ -57,6 +57,7 @@ def normalise(text: str, tmp: Path) -> str:
     text = re.sub(r"\x1b\[[0-9;]*m", "", text)  # Flower's log colours
     text = re.sub(r"\b(node|run) \d{6,}", r"\1 <id>", text)  # Flower's random ids
     text = text.replace(str(tmp), "<tmp>").replace(str(ROOT), "<repo>")
+    text = re.sub(r"\bcheckpoint-frozen-[0-9a-f]{16}\.npz", "checkpoint-frozen-<digest>.npz", text)  # its arrays' hash
     # who holds a run folder: this machine's process ids, host name and clock
     text = re.sub(r"\b(pid|kill) \d+", r"\1 <pid>", text).replace(f"host {socket.gethostname()}", "host <host>")
     text = re.sub(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", "<time>", text)

@@ -6,8 +6,10 @@ and a resumed run gives the same rounds as an uninterrupted one, bit for bit."""
 from __future__ import annotations
 
 import errno
+import fnmatch
 import json
 import logging
+import re
 import shutil
 import threading
 import time
@@ -28,6 +30,7 @@ from fedvls_flwr.app.server import ResultsWriteError, _resume_point, run_experim
 from fedvls_flwr.config.run_config import ConfigError, RunConfig
 from fedvls_flwr.experiments.check import main as check_main
 from tests.fake_grid import FakeGridBase
+from tests.test_fedconcat import ConcatGrid, concat_config, history
 
 ROUNDS = 4
 
@@ -261,14 +264,15 @@ class FailingGrid:
 
 
 def full_disk_at(monkeypatch, name: str, nth: int = 1) -> None:
-    """The ``nth`` write of result file ``name`` fails in fsync with ENOSPC, as on a full
-    disk (smaller writes after it may still fit, as a small summary.json can)."""
+    """The ``nth`` write of result file ``name`` (a glob pattern: ``checkpoint-frozen-*.npz``)
+    fails in fsync with ENOSPC, as on a full disk (smaller writes after it may still fit, as a
+    small summary.json can)."""
     real_write, real_fsync = results.atomic_write_bytes, results.os.fsync
     seen = {"count": 0, "failing": False}
 
     def write(path, data):
         seen["failing"] = False
-        if Path(path).name == name:
+        if fnmatch.fnmatchcase(Path(path).name, name):
             seen["count"] += 1
             seen["failing"] = seen["count"] == nth
         return real_write(path, data)
@@ -639,3 +643,112 @@ def test_a_round_saved_after_the_writer_thread_is_gone_is_written_in_place(tmp_p
     run_dir = run_experiment(TrainingGrid(), config(tmp_path, resume=False))
     assert accuracies(run_dir) == straight[1]
     assert load_checkpoint(run_dir / "checkpoint.npz")[0] == ROUNDS
+
+
+# ---- the frozen file beside the checkpoint (FedConcat's second stage) --------------------------
+# From FedConcat's first head round on, checkpoint.npz takes the frozen encoders (digits: their
+# 200x200 layers, 160 KB each, above FROZEN_MIN_BYTES) from checkpoint-frozen-<digest>.npz.
+FROZEN = f"{results.FROZEN_FILE_PREFIX}*.npz"
+
+
+def run_files(run_dir: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(run_dir.iterdir()) if p.is_file() and p.name != results.LOCK_FILE}
+
+
+@pytest.fixture(scope="module")
+def concat_straight(tmp_path_factory) -> tuple[Path, list]:
+    """An uninterrupted FedConcat run (2 encoder rounds, 3 head rounds): the reference."""
+    run_dir = run_experiment(ConcatGrid(), concat_config(tmp_path_factory.mktemp("concat")))
+    return run_dir, history(run_dir)
+
+
+def concat_partial(out: Path, rounds: int) -> Path:
+    """A FedConcat run stopped after ``rounds`` (as a killed server leaves it); from round 3 on
+    its checkpoint names a frozen file."""
+    run_dir = run_experiment(ConcatGrid(), concat_config(out, num_server_rounds=rounds))
+    (run_dir / "summary.json").unlink()
+    (run_dir / "model_final.npz").unlink()
+    assert len(list(run_dir.glob(FROZEN))) == (1 if rounds >= 3 else 0)
+    return run_dir
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated"])
+def test_a_missing_or_damaged_frozen_file_ends_the_resume_naming_it_and_changes_nothing(tmp_path, concat_straight,
+                                                                                        damage):
+    """The server's resume (flwr run's path) is refused naming the frozen file - not the intact
+    checkpoint.npz - and what to do; no file of the folder is written, so nothing computed is
+    lost: with the frozen file restored the run resumes and equals a straight run."""
+    run_dir = concat_partial(tmp_path, 4)
+    (frozen,) = run_dir.glob(FROZEN)
+    copy = frozen.read_bytes()
+    if damage == "missing":
+        frozen.unlink()
+    else:
+        frozen.write_bytes(copy[: len(copy) // 2])
+    before = run_files(run_dir)
+    with pytest.raises(RunFolderError) as err:
+        run_experiment(ConcatGrid(), concat_config(tmp_path, resume=True))
+    msg = str(err.value)
+    what = "is missing" if damage == "missing" else "is damaged (BadZipFile"
+    assert msg.startswith(f"resume: {frozen} {what}")
+    assert f"{run_dir / 'checkpoint.npz'} is damaged" not in msg and "Restore that file from a copy" in msg
+    assert run_files(run_dir) == before  # rounds.jsonl, checkpoint.npz, state.json ... untouched
+    frozen.write_bytes(copy)  # restored from a copy: the run goes on, every round once
+    resumed = run_experiment(ConcatGrid(), concat_config(tmp_path, resume=True))
+    assert history(resumed) == concat_straight[1]
+
+
+def test_a_full_disk_writing_the_frozen_file_keeps_the_last_checkpoint_and_resumes(tmp_path, monkeypatch,
+                                                                                  concat_straight):
+    """ENOSPC writing the frozen file of round 3's checkpoint (the first head round): the run
+    stops naming that file and round 2 as safe; the frozen file is not left half written, round
+    2's checkpoint still loads; resumed once there is room, the run equals a straight one."""
+    full_disk_at(monkeypatch, FROZEN)
+    with pytest.raises(ResultsWriteError) as err:
+        run_experiment(ConcatGrid(), concat_config(tmp_path))
+    monkeypatch.undo()
+    run_dir = tmp_path / "r"
+    msg = str(err.value)
+    assert re.match(rf"could not write {re.escape(str(run_dir))}/{results.FROZEN_FILE_PREFIX}[0-9a-f]+\.npz: "
+                    "No space left on device. The results up to round 2 of 5 are complete and safe", msg), msg
+    assert "resume=true run-name='r'" in msg
+    assert list(run_dir.glob(FROZEN)) == [] and not [p for p in run_dir.iterdir() if p.name.endswith(".tmp")]
+    assert load_checkpoint(run_dir / "checkpoint.npz")[0] == 2
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["rounds_completed"] == 2
+    resumed = run_experiment(ConcatGrid(), concat_config(tmp_path, resume=True))
+    assert history(resumed) == concat_straight[1]
+    assert len(list(run_dir.glob(FROZEN))) == 1  # written once there was room
+    final, reference = (results.load_arrays(d / "model_final.npz") for d in (resumed, concat_straight[0]))
+    assert final.keys() == reference.keys() and all(np.array_equal(final[k], reference[k]) for k in final)
+
+
+def test_a_full_disk_writing_a_new_frozen_file_leaves_the_last_checkpoint_and_its_frozen_file(tmp_path, monkeypatch):
+    """A second frozen file (more arrays stopped changing) that cannot be written: checkpoint.npz
+    still holds the round before and the frozen file it names, both intact and loadable; the
+    writer knows nothing of the failed round, so the same checkpoint written again once there is
+    room is whole."""
+    from fedvls_flwr.app.messages import npy_array
+
+    def big(value):
+        return npy_array(np.full(results.FROZEN_MIN_BYTES // 4, value, np.float32)).data
+
+    writer = results.RunWriter(tmp_path)
+    writer.save_checkpoint({"a": big(1), "b": big(1)}, 1)
+    writer.save_checkpoint({"a": big(1), "b": big(2)}, 2)  # a stopped changing: frozen file {a}
+    (first,) = tmp_path.glob(FROZEN)
+    kept = run_files(tmp_path)
+    full_disk_at(monkeypatch, FROZEN)
+    with pytest.raises(OSError) as err:  # b stopped changing too: a new frozen file {a, b}
+        writer.save_checkpoint({"a": big(1), "b": big(2)}, 3)
+    monkeypatch.undo()
+    assert err.value.errno == errno.ENOSPC and Path(err.value.filename).name.startswith(results.FROZEN_FILE_PREFIX)
+    assert Path(err.value.filename) != first and run_files(tmp_path) == kept  # no file changed, none added
+    done, arrays = load_checkpoint(tmp_path / "checkpoint.npz")
+    assert done == 2 and np.array_equal(arrays["a"], np.full(results.FROZEN_MIN_BYTES // 4, 1, np.float32))
+    writer.save_checkpoint({"a": big(1), "b": big(2)}, 3)  # room again
+    (second,) = tmp_path.glob(FROZEN)
+    assert second != first  # the old one removed once no checkpoint names it
+    done, arrays = load_checkpoint(tmp_path / "checkpoint.npz")
+    assert done == 3 and np.array_equal(arrays["b"], np.full(results.FROZEN_MIN_BYTES // 4, 2, np.float32))
+    assert "b" not in results.load_arrays(tmp_path / "checkpoint.npz")
