@@ -752,3 +752,17 @@ def test_a_full_disk_writing_a_new_frozen_file_leaves_the_last_checkpoint_and_it
     done, arrays = load_checkpoint(tmp_path / "checkpoint.npz")
     assert done == 3 and np.array_equal(arrays["b"], np.full(results.FROZEN_MIN_BYTES // 4, 2, np.float32))
     assert "b" not in results.load_arrays(tmp_path / "checkpoint.npz")
+
+
+def test_a_full_disk_after_a_frozen_file_names_it_among_what_is_safe(tmp_path, monkeypatch):
+    """ENOSPC writing round 4's checkpoint of a FedConcat run: round 3's checkpoint takes its
+    encoders from the frozen file, so the message counts that file among the safe ones."""
+    full_disk_at(monkeypatch, "checkpoint.npz", 4)
+    with pytest.raises(ResultsWriteError) as err:
+        run_experiment(ConcatGrid(), concat_config(tmp_path))
+    monkeypatch.undo()
+    run_dir = tmp_path / "r"
+    (frozen,) = run_dir.glob(FROZEN)
+    assert (f"The results up to round 3 of 5 are complete and safe in {run_dir} (checkpoint.npz, {frozen.name}, "
+            "rounds.jsonl, state.json)") in str(err.value)
+    assert load_checkpoint(run_dir / "checkpoint.npz")[0] == 3

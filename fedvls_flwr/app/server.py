@@ -47,6 +47,7 @@ from fedvls_flwr.app.ray_address import (
 )
 from fedvls_flwr.app.results import (
     CONFIG_FILE,
+    FROZEN_FILE_PREFIX,
     RESUMABLE_CHANGES,
     STATE_FILE,
     RunFolderLock,
@@ -109,8 +110,10 @@ def _write_failed(err: OSError, cfg: RunConfig, run_dir: Path, saved_round: int,
         safe = (f"All {total} rounds are complete and safe in {run_dir} (checkpoint.npz, rounds.jsonl); "
                 f"only the final files are missing. To write them: {how}.")
     elif saved_round > 0:
+        # the frozen file the checkpoint takes its unchanging arrays from belongs to what is safe
+        frozen = "".join(f", {p.name}" for p in sorted(run_dir.glob(f"{FROZEN_FILE_PREFIX}*.npz")))
         safe = (f"The results up to round {saved_round} of {total} are complete and safe in {run_dir} "
-                f"(checkpoint.npz, rounds.jsonl, state.json). To continue after round {saved_round}: {how}.")
+                f"(checkpoint.npz{frozen}, rounds.jsonl, state.json). To continue after round {saved_round}: {how}.")
     else:
         safe = (f"No round had been completed and saved yet, so nothing computed is lost: {how} "
                 "(or just start it again).")
