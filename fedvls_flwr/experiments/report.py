@@ -201,7 +201,7 @@ def make_report(
     atomic_write_json(out_dir / MANIFEST, {"preset": preset, "preset_file": preset_file,
                                            "files": sorted(Path(p).name for p in written.values())})
     if notes is not None and (left := report_files_left(out_dir, written.values())):
-        notes.append(f"{out_dir} also holds {_some(left)}, which this report did not write (no report's manifest "
+        notes.append(f"{out_dir} also holds {some_names(left)}, which this report did not write (no report's manifest "
                      "lists them: your own files, or an earlier version's report); they are left as they are: "
                      "remove the ones that are stale")
     return written
@@ -244,7 +244,8 @@ def report_files_left(out_dir: Path, written: Iterable[Path] = ()) -> list[str]:
                   if p.is_file() and p.name not in listed)
 
 
-def _some(names: Sequence[str], shown: int = 5) -> str:
+def some_names(names: Sequence[str], shown: int = 5) -> str:
+    """The first ``shown`` of ``names``, and how many more."""
     more = f" and {len(names) - shown} more" if len(names) > shown else ""
     return ", ".join(names[:shown]) + more
 

@@ -199,9 +199,9 @@ def run_preset(
             if not (folders := [d for d in dict.fromkeys(own) if d.is_dir()]):
                 raise NoRunsError(f"none of the preset's {len(own)} runs has a folder in {output_dir}")
             notes: list[str] = []
-            yaml_file = None if preset.path is None else str(Path(preset.path).resolve())
+            yaml_file = _yaml_of(preset)
             paths = make_report(folders, out_dir=report_dir, rows=preset.table_rows, cols=preset.table_cols,
-                                notes=notes, preset=preset.name, preset_file=yaml_file)
+                                notes=notes, preset=preset.name, preset_file=None if yaml_file is None else str(yaml_file))
             log(f"[sweep] report: {report_dir}")
             for note in notes:
                 log(f"[sweep] note: {note}")
@@ -217,6 +217,11 @@ def sweep_report_dir(preset: Preset, output_dir: Path) -> Path:
     return Path(output_dir) / "report" / (re.sub(r"[^A-Za-z0-9._-]+", "-", preset.name).strip("-.") or "preset")
 
 
+def _yaml_of(preset: Preset) -> Path | None:
+    """The preset's YAML, resolved (what a report's manifest records); None for a preset built in code."""
+    return None if preset.path is None else Path(preset.path).resolve()
+
+
 def check_report_dir(preset: Preset, output_dir: Path) -> None:
     """The preset's report folder does not hold another preset's report: two names that make one
     folder name ('table 1', 'table-1'; on a case-insensitive disk, 'T1' and 't1') would write one
@@ -229,7 +234,7 @@ def check_report_dir(preset: Preset, output_dir: Path) -> None:
     report_dir = sweep_report_dir(preset, output_dir)
     manifest = read_manifest(report_dir) or {}
     other, other_file = manifest.get("preset"), manifest.get("preset_file")
-    this_file = None if preset.path is None else Path(preset.path).resolve()
+    this_file = _yaml_of(preset)
     if other == preset.name and other_file is not None and this_file is not None and Path(other_file) != this_file \
             and Path(other_file).is_file():
         raise PresetError(
@@ -249,11 +254,11 @@ def _old_layout_note(report_root: Path) -> str | None:
     """A line naming report files straight in ``<output>/report/`` that no report's manifest lists
     there: an earlier version wrote a sweep's report there (now each preset's is in a folder of its
     own), so they may be stale. Not removed: without a manifest they may be the user's."""
-    from fedvls_flwr.experiments.report import _some, report_files_left
+    from fedvls_flwr.experiments.report import report_files_left, some_names
 
     if not report_root.is_dir() or not (left := report_files_left(report_root)):
         return None
-    return (f"[sweep] note: {report_root} also holds {_some(left)}, not of this report: an earlier version's sweep "
+    return (f"[sweep] note: {report_root} also holds {some_names(left)}, not of this report: an earlier version's sweep "
             f"report (each preset's report is now in {report_root}/<preset name>/) or your own files; left as they "
             "are: remove them if they are stale")
 
