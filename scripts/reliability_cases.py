@@ -21,6 +21,7 @@ from scripts.reliability_setups import (
     GOOD_PRESET,
     bad_label_mnist,
     certificate_folder,
+    damaged_summary,
     fedconcat_run_folder,
     finished_runs,
     held_run_folder,
@@ -221,6 +222,9 @@ CASES: tuple[Case, ...] = (
           "{tmp}/presets/shards.yaml", "-o", "{tmp}/out", fast=False,
           setup=preset("name: p\nbase: {dataset: digits, partition: shards, shards-per-client: 500}\n"
                        "grid: {method: [fedavg]}\nfederation: {num-supernodes: 10}\n", "shards")),
+    sweep("sweep-summary-damaged", "sweep into a folder where a finished run's `summary.json` is damaged",
+          "{tmp}/presets/p.yaml", "-o", "{tmp}/out",
+          setup=damaged_summary),
     sweep("preset-min-nodes", "preset: `min-nodes: 5` on 3 nodes (no run started)",
           "{tmp}/presets/min-nodes.yaml", "-o", "{tmp}/out", fast=False,
           setup=preset("name: p\nbase: {dataset: digits, min-nodes: 5}\ngrid: {method: [fedavg]}\n"

@@ -28,6 +28,12 @@ def preset(text: str, name: str) -> Callable[[Path], None]:
 GOOD_PRESET = "name: p\nbase: {dataset: digits, num-server-rounds: 2}\ngrid: {method: [fedavg]}\n"
 
 
+def damaged_summary(tmp: Path) -> None:
+    """``presets/p.yaml`` (GOOD_PRESET) and, in ``out/``, its run's folder with a summary.json cut short."""
+    preset(GOOD_PRESET, "p")(tmp)
+    write_file("out/digits-fedavg-dir0.05-s0/summary.json", '{"status": "compl')(tmp)
+
+
 def write_idx(path: Path, array: np.ndarray, magic: int) -> None:
     header = magic.to_bytes(4, "big") + b"".join(d.to_bytes(4, "big") for d in array.shape)
     with gzip.open(path, "wb") as handle:

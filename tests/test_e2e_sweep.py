@@ -280,12 +280,14 @@ def ctrl_c_after_a_saved_round(command: list[str], cwd: Path, state: Path) -> tu
     return proc.returncode, stdout, stderr, seen
 
 
-def test_ctrl_c_stops_a_sweep_with_one_line_saying_what_is_kept(tmp_path):
+def test_ctrl_c_stops_a_sweep_with_one_line_saying_what_is_kept(tmp_path, capsys, monkeypatch):
     """Ctrl-C as a terminal sends it (SIGINT to the whole foreground process group: the sweep and
     its worker) in the middle of the first run: no traceback, exit 130, one line that says what is
     kept and the command that continues; the worker is gone, and the run it stopped resumes from
     the rounds it saved when the sweep is run again."""
     import shlex
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
 
     out = (tmp_path / "out").resolve()
     saved = out / FIRST / "state.json"
@@ -303,6 +305,16 @@ def test_ctrl_c_stops_a_sweep_with_one_line_saying_what_is_kept(tmp_path):
     assert_none_left(seen, out / ".flwr-home", timeout=20.0)
     done = json.loads(saved.read_text())["round"]
     assert done >= 1 and not (out / SECOND).exists()
+    # its dry run counts the stopped run as one to continue, and writes nothing
+    from fedvls_flwr.experiments import sweep
+
+    files = sorted((p, p.stat().st_mtime_ns) for p in out.rglob("*"))
+    capsys.readouterr()
+    assert sweep.main([str(preset), "-o", str(out), "--dry-run"]) == 0
+    assert capsys.readouterr().err.startswith(
+        f"dry run: 2 runs in {out}: 0 finished (skipped), 1 stopped midway (they continue from their last checkpoint), "
+        "1 new;")
+    assert sorted((p, p.stat().st_mtime_ns) for p in out.rglob("*")) == files
 
 
 def test_ctrl_c_stops_fedvls_run_with_one_line_and_its_command_continues_the_run(tmp_path):

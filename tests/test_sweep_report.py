@@ -129,3 +129,56 @@ def test_an_earlier_versions_report_straight_in_report_is_named_not_removed(tmp_
     logs.clear()
     sweep.run_preset(load_preset(preset), out, log=logs.append)
     assert not [line for line in logs if "also holds" in line], logs
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_dry_run_says_what_the_sweep_would_refuse_and_what_it_would_run_and_writes_nothing(tmp_path, fake_runs,
+                                                                                             capsys, monkeypatch):
+    """``--dry-run`` makes the sweep's own checks before its first run (here: the report folder
+    another preset's report holds) with the same message and exit status 2, and otherwise counts
+    the runs finished and new; it writes nothing and starts no run."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    out = tmp_path / "out"
+    first = _preset(tmp_path, "table-1", methods="[fedavg]")
+    sweep.run_preset(load_preset(first), out, log=lambda *a: None)
+    grown = _preset(tmp_path, "table-1", methods="[fedavg, fedlc, fedvls]", path=first)
+    names = [run["run-name"] for run in load_preset(grown).runs]
+    assert [name.split("-")[1] for name in names] == ["fedavg", "fedlc", "fedvls"]
+    before, ran = _tree(out), list(fake_runs)
+    capsys.readouterr()
+    assert sweep.main([str(grown), "-o", str(out), "--dry-run"]) == 0
+    said = capsys.readouterr()
+    assert [line.split(" ", 1)[0] for line in said.out.splitlines()] == names
+    assert said.err.startswith(f"dry run: 3 runs in {out}: 1 finished (skipped), 0 stopped midway (they continue from "
+                               "their last checkpoint), 2 new;")  # a stopped run: tests/test_e2e_sweep.py
+    clash = _preset(tmp_path, "table 1", methods="[fedlc]")
+    assert sweep.main([str(clash), "-o", str(out), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: preset {clash}: its name 'table 1' makes the report folder {out / 'report' / 'table-1'}")
+    assert sweep.main([str(clash), "-o", str(tmp_path / "new"), "--dry-run"]) == 0
+    assert _tree(out) == before and fake_runs == ran and not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("damage", ['{"status": "compl', "[]", ""])
+def test_a_finished_runs_damaged_summary_is_named_with_the_fix_not_a_traceback(tmp_path, fake_runs, capsys, monkeypatch,
+                                                                               damage):
+    """A summary.json that cannot be read (a disk that filled up, a hand edit) stops the sweep
+    before any run - and its dry run - naming the file and what to do, exit status 2."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    out = tmp_path / "out"
+    preset = _preset(tmp_path, "table-1")
+    sweep.run_preset(load_preset(preset), out, log=lambda *a: None)
+    summary = out / load_preset(preset).runs[1]["run-name"] / "summary.json"
+    summary.write_text(damage)
+    ran = list(fake_runs)
+    capsys.readouterr()
+    for dry in ([], ["--dry-run"]):
+        assert sweep.main([str(preset), "-o", str(out), *dry]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {summary} cannot be read (") and "Traceback" not in err
+        assert err.endswith(f"remove that file and run the sweep again - the run continues from its checkpoint (its "
+                            f"rounds are kept) and writes a new one - or move {summary.parent} away\n")
+    assert fake_runs == ran

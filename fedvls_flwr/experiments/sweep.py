@@ -107,19 +107,27 @@ def _finished_runs(output_dir: Path) -> dict[str, str]:
     """identity (JSON) -> folder name of every completed run a sweep started under output_dir."""
     found: dict[str, str] = {}
     for run_file in sorted(output_dir.glob(f"*/{RUN_FILE}")):
-        try:
+        try:  # a file that cannot be read makes no twin (its own run's check says what is wrong with it)
             summary = json.loads((run_file.parent / SUMMARY_FILE).read_text())
             started = json.loads(run_file.read_text())
-        except (OSError, ValueError):
+            if summary.get("status") == "completed":
+                found.setdefault(_identity_key(started["identity"]), run_file.parent.name)
+        except (OSError, ValueError, AttributeError, KeyError, TypeError):
             continue
-        if summary.get("status") == "completed":
-            found.setdefault(_identity_key(started["identity"]), run_file.parent.name)
     return found
 
 
 def _check_same_settings(run_dir: Path, identity: dict[str, Any]) -> None:
     """A folder that already holds a finished run must hold the run planned for it."""
-    summary = json.loads((run_dir / SUMMARY_FILE).read_text())
+    try:
+        summary = json.loads((run_dir / SUMMARY_FILE).read_text())
+        if not isinstance(summary, dict):
+            raise ValueError(f"a JSON {type(summary).__name__}, not an object")
+    except (OSError, ValueError) as err:  # damaged (a disk that filled up, an edit): said, not a traceback
+        raise PresetError(
+            f"{run_dir / SUMMARY_FILE} cannot be read ({err}); remove that file and run the sweep again - the run "
+            f"continues from its checkpoint (its rounds are kept) and writes a new one - or move {run_dir} away"
+        ) from None
     saved = _with_defaults(summary.get("config") or {})
     planned = _with_defaults(identity["config"])
     changed = sorted(k for k in set(saved) | set(planned) if saved.get(k) != planned.get(k))
@@ -146,39 +154,8 @@ def run_preset(
     view = view or ProgressView(log)
     log = view.message
     output_dir = Path(output_dir).resolve()
-    if report:
-        check_report_dir(preset, output_dir)  # before any run: not another preset's report overwritten at the end
-    output_dir.mkdir(parents=True, exist_ok=True)
-    check_data(preset)
-    finished = _finished_runs(output_dir)
-    todo, statuses = [], {}
-    own = []  # the preset's run folders (a twin's where the same run finished under another name): the report's
-    for overrides in preset.runs:
-        name = overrides["run-name"]
-        run_config, federation, identity = _run_identity(preset, overrides)
-        if (output_dir / name / SUMMARY_FILE).exists():
-            _check_same_settings(output_dir / name, identity)
-            statuses[name] = "skipped (finished earlier)"
-            own.append(output_dir / name)
-        elif (twin := finished.get(_identity_key(identity))) is not None:
-            statuses[name] = f"skipped (the same run finished as {twin})"
-            own.append(output_dir / twin)
-        else:
-            own.append(output_dir / name)
-            # resume=true: a run interrupted mid-way continues from its last checkpoint.
-            todo.append(({**run_config, "output-dir": str(output_dir), "resume": True}, federation, identity))
-    from fedvls_flwr.app.tracking import check_tracking
-    from fedvls_flwr.experiments.check import check_output_dir
-
-    planned = []
-    for run_config, _, _ in todo:  # a run folder that cannot be resumed: said now, not mid-sweep
-        try:
-            cfg = parse_run_config(run_config)
-            check_output_dir(cfg, new_ok=True)  # resume=true: continue a run started earlier, else start it
-            check_tracking(cfg)
-            planned.append((cfg.run_name, cfg.method, cfg.num_server_rounds))
-        except ValueError as err:  # ConfigError, RunFolderError (which file, what to do)
-            raise PresetError(f"preset {preset.path}: run {run_config['run-name']}: {err}") from None
+    plan = plan_sweep(preset, output_dir, report=report)
+    todo, planned, statuses, own = plan.todo, plan.planned, plan.statuses, plan.own
     log(f"[sweep] {preset.name}: {len(preset.runs)} runs, {len(statuses)} already finished, {len(todo)} to run")
     joined = ray_address()
     if todo and engine == "flwr" and joined is not None and (unreachable := check_ray_address(joined)) is not None:
@@ -210,6 +187,60 @@ def run_preset(
         if (old := _old_layout_note(report_dir.parent)) is not None:
             log(old)
     return {"statuses": statuses, "report": paths}
+
+
+@dataclasses.dataclass
+class SweepPlan:
+    """What a sweep found before its first run: the runs to run (run config with resume=true,
+    federation, identity), each one's (name, method, rounds), the statuses of those it skips,
+    and the preset's run folders (a twin's where the same run finished under another name)."""
+
+    todo: list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]
+    planned: list[tuple[str, str, int]]
+    statuses: dict[str, str]
+    own: list[Path]
+
+
+def plan_sweep(preset: Preset, output_dir: Path, *, report: bool = True, data: bool = True) -> SweepPlan:
+    """Every check a sweep makes before its first run (a report folder another preset's report
+    holds, a finished run folder with other settings, a run folder that cannot be resumed, the
+    tracking; with ``data`` the datasets and splits too, and ``output_dir`` created), and the plan.
+    ``data=False`` (``--dry-run``) writes nothing and loads no dataset."""
+    if report:
+        check_report_dir(preset, output_dir)  # before any run: not another preset's report overwritten at the end
+    finished = _finished_runs(output_dir)
+    todo, statuses = [], {}
+    own = []
+    for overrides in preset.runs:
+        name = overrides["run-name"]
+        run_config, federation, identity = _run_identity(preset, overrides)
+        if (output_dir / name / SUMMARY_FILE).exists():
+            _check_same_settings(output_dir / name, identity)
+            statuses[name] = "skipped (finished earlier)"
+            own.append(output_dir / name)
+        elif (twin := finished.get(_identity_key(identity))) is not None:
+            statuses[name] = f"skipped (the same run finished as {twin})"
+            own.append(output_dir / twin)
+        else:
+            own.append(output_dir / name)
+            # resume=true: a run interrupted mid-way continues from its last checkpoint.
+            todo.append(({**run_config, "output-dir": str(output_dir), "resume": True}, federation, identity))
+    from fedvls_flwr.app.tracking import check_tracking
+    from fedvls_flwr.experiments.check import check_output_dir
+
+    planned = []
+    for run_config, _, _ in todo:  # a run folder that cannot be resumed: said now, not mid-sweep
+        try:
+            cfg = parse_run_config(run_config)
+            check_output_dir(cfg, new_ok=True)  # resume=true: continue a run started earlier, else start it
+            check_tracking(cfg)
+            planned.append((cfg.run_name, cfg.method, cfg.num_server_rounds))
+        except ValueError as err:  # ConfigError, RunFolderError (which file, what to do)
+            raise PresetError(f"preset {preset.path}: run {run_config['run-name']}: {err}") from None
+    if data:  # the costly check last: what the files say is said without loading a dataset
+        output_dir.mkdir(parents=True, exist_ok=True)
+        check_data(preset)
+    return SweepPlan(todo, planned, statuses, own)
 
 
 def sweep_report_dir(preset: Preset, output_dir: Path) -> Path:
@@ -422,6 +453,10 @@ def _completed(run_dir: Path) -> bool:
         return False
 
 
+def _runs(count: int) -> str:
+    return f"{count} run" + ("" if count == 1 else "s")
+
+
 def output_dir_problem(output_dir: Path) -> str | None:
     """Why a sweep cannot write its runs into ``output_dir`` (said before anything starts), or None."""
     existing = output_dir.expanduser()
@@ -494,7 +529,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds per run before it is stopped (default: %(default)g)")
     parser.add_argument("--only", action="append", default=[], metavar="KEY=VALUE",
                         help="run only the preset's runs with this setting (repeatable: all must match)")
-    parser.add_argument("--dry-run", action="store_true", help="list the runs and exit")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="list the runs, check what the sweep would check before its first run (the output "
+                             "folder, the report folder, finished and interrupted runs; not the datasets) and exit; "
+                             "writes nothing")
     parser.add_argument("--progress-every", type=_seconds_or_zero, default=30.0, metavar="SECONDS",
                         help="when stdout is not a terminal: a progress line per round, at most one per SECONDS "
                              "(0: every round); in a terminal the progress is one live line")
@@ -535,10 +573,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         for overrides in preset.runs:
             print(overrides["run-name"], json.dumps(overrides))
-        return 0
     if problem := output_dir_problem(output_dir):
         print(f"error: --output-dir {output_dir}: {problem}", file=sys.stderr)
         return 2
+    if args.dry_run:  # what the sweep would find before its first run, without loading a dataset
+        try:
+            plan = plan_sweep(preset, output_dir.expanduser().resolve(), data=False)
+        except (PresetError, ConfigError, OSError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        from fedvls_flwr.app.results import holds_run
+
+        stopped = sum(holds_run(output_dir.expanduser().resolve() / config["run-name"]) for config, _, _ in plan.todo)
+        print(f"dry run: {_runs(len(preset.runs))} in {output_dir}: {len(plan.statuses)} finished (skipped), {stopped} "
+              f"stopped midway (they continue from their last checkpoint), {len(plan.todo) - stopped} new; the "
+              "datasets and splits are checked when the sweep starts", file=sys.stderr)
+        return 0
     if engine == "flwr" and (missing := ray_missing()) is not None:
         why = "--engine flwr" if args.engine else "RAY_ADDRESS is set, so the sweep runs on --engine flwr"
         print(f"error: {why}: every run is a flwr run in Flower's Ray simulation, but {missing}. Install it "
