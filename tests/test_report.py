@@ -635,3 +635,51 @@ def test_a_reports_manifest_lists_what_it_wrote_and_only_its_files_are_removed(r
     assert outside.exists() and (out / "notes.txt").exists() and (out / ".hidden.png").exists()
     assert set(out.iterdir()) == set(again.values()) | {out / "notes.txt", out / ".hidden.png", out / MANIFEST}
     assert read_manifest(out) == {"preset": None, "preset_file": None, "files": sorted(p.name for p in again.values())}
+
+
+def test_a_report_stopped_midway_leaves_a_manifest_that_claims_only_what_it_wrote(tmp_path, monkeypatch):
+    """Ctrl-C (or a full disk) between two plots: the manifest, written before the first file,
+    says a report was being written and which report-named files were there before it (the
+    user's). The next report takes the stopped one's files as a report's: the ones it does not
+    write again are removed, not named as the user's in every later note; the user's stay."""
+    from fedvls_flwr.experiments import report as report_module
+    from fedvls_flwr.experiments.report import MANIFEST, read_manifest
+
+    root = tmp_path / "runs"
+    for beta, name in ((0.5, "a"), (0.1, "b")):
+        _write_run(root / name, _config("fedavg", 0, **{"dirichlet-beta": beta}), 0.8, 0.7)
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "accuracy-my-sketch.png").write_text("mine")
+    real_plot, calls = report_module.plot_accuracy, []
+
+    def stopped_at_the_second_plot(group, path):
+        calls.append(path)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real_plot(group, path)
+
+    monkeypatch.setattr(report_module, "plot_accuracy", stopped_at_the_second_plot)
+    with pytest.raises(KeyboardInterrupt):
+        make_report(root, out, preset="t1")
+    first_plot = calls[0]
+    assert first_plot.is_file() and (out / "results.md").is_file()
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert manifest["writing"] is True and manifest["foreign"] == ["accuracy-my-sketch.png"]
+    assert read_manifest(out)["preset"] == "t1"
+    assert set(read_manifest(out)["files"]) >= {first_plot.name, "results.md", "results.csv"}
+    assert "accuracy-my-sketch.png" not in read_manifest(out)["files"]
+    monkeypatch.undo()
+
+    import shutil
+
+    shutil.rmtree(root / {"0.5": "a", "0.1": "b"}[next(b for b in ("0.5", "0.1") if b in first_plot.name)])
+    notes: list[str] = []
+    again = make_report(root, out, notes=notes)
+    assert not first_plot.exists()  # the stopped report's plot of a row the runs no longer have
+    assert (out / "accuracy-my-sketch.png").read_text() == "mine"
+    assert set(out.iterdir()) == set(again.values()) | {out / "accuracy-my-sketch.png", out / MANIFEST}
+    assert [n for n in notes if n.startswith(str(out))] == [
+        f"{out} also holds accuracy-my-sketch.png, which this report did not write (no report's manifest lists them: "
+        "your own files, or an earlier version's report); they are left as they are: remove the ones that are stale"]
+    assert "writing" not in json.loads((out / MANIFEST).read_text())

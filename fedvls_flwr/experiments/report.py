@@ -125,7 +125,8 @@ def make_report(
     ``preset`` and ``preset_file``, the preset whose report it is and its YAML, for ``fedvls sweep``). The files an earlier report
     listed in its manifest that this one does not write (a row it no longer has) are removed: the
     folder shows one report. Nothing else is removed: a folder without a manifest (the user's own,
-    an earlier version's report) keeps every file. Returns name -> path (the manifest aside);
+    an earlier version's report) keeps every file; the manifest is written before the first file,
+    so a report stopped midway is known as one by the next. Returns name -> path (the manifest aside);
     ``left_out`` (a list) receives the run folders not tabulated, each with why; ``notes``
     the tabulated runs whose rounds.jsonl lacks rounds their summary.json says completed, and
     the files of a report's names left in ``out_dir`` that this report did not write.
@@ -159,6 +160,13 @@ def make_report(
         notes.extend(f"{r.path}: {why}" for r in runs if (why := r.rounds_lost()) is not None)
         notes.extend(dict.fromkeys(report_table.repeated.values()))  # a seed run again: counted once
     runs = [r for r in runs if r.path not in report_table.repeated]  # nor drawn twice in the plots
+    previous = read_manifest(out_dir)
+    # Said before the first file is written: a report stopped midway (Ctrl-C, a full disk) leaves
+    # a manifest that claims what it wrote, so the next report removes or replaces those files.
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out_dir / MANIFEST, {"preset": preset, "preset_file": preset_file,
+                                           "files": (previous or {}).get("files", []), "writing": True,
+                                           "foreign": report_files_left(out_dir)})
     written["table_md"], written["table_csv"] = write_table(report_table, out_dir)
     if (diag := write_diagnostics(report_table, runs, out_dir)) is not None:
         written["diagnostics_md"], written["diagnostics_csv"] = diag
@@ -196,7 +204,6 @@ def make_report(
                 name = f"{name}-{len(seen)}"
             title = f"Label distribution — {_common_title([run])}, seed {run.seed}"
             written[name] = plot_partition(clients, out_dir / f"{name}.png", title=title)
-    previous = read_manifest(out_dir)
     _remove_stale(out_dir, written.values(), previous)
     atomic_write_json(out_dir / MANIFEST, {"preset": preset, "preset_file": preset_file,
                                            "files": sorted(Path(p).name for p in written.values())})
@@ -212,7 +219,9 @@ def make_report(
 REPORT_FILES = ("results.md", "results.csv", "diagnostics.md", "diagnostics.csv", "stages.md", "stages.csv",
                 "gaps.md", "gaps.csv", "gaps.png", "accuracy-*.png", "per-class-*.png", "partition-*.png")
 #: A report's record, in its folder, of the files it wrote and whose report it is (JSON:
-#: ``{"preset": name or null, "preset_file": its YAML or null, "files": [names]}``).
+#: ``{"preset": name or null, "preset_file": its YAML or null, "files": [names]}``); while a
+#: report is being written, also ``"writing": true`` and ``"foreign"``: the report-named files
+#: the folder held that no report listed (every other report-named file is the writing report's).
 MANIFEST = ".fedvls-report.json"
 
 
@@ -227,9 +236,16 @@ def read_manifest(out_dir: str | Path) -> dict[str, Any] | None:
     if not isinstance(data, dict) or not isinstance(files := data.get("files"), list):
         return None
     preset, preset_file = data.get("preset"), data.get("preset_file")
+    listed = [f for f in files if isinstance(f, str) and _is_report_file(f)]
+    if data.get("writing") is True:  # a report stopped midway: the report-named files it found stay foreign
+        foreign = data.get("foreign")
+        foreign = {f for f in foreign if isinstance(f, str)} if isinstance(foreign, list) else None
+        if foreign is not None:
+            present = [p.name for pattern in REPORT_FILES for p in Path(out_dir).glob(pattern) if p.is_file()]
+            listed = sorted({*listed, *(name for name in present if name not in foreign)})
     return {"preset": preset if isinstance(preset, str) else None,
             "preset_file": preset_file if isinstance(preset_file, str) else None,
-            "files": [f for f in files if isinstance(f, str) and _is_report_file(f)]}
+            "files": listed}
 
 
 def _is_report_file(name: str) -> bool:
