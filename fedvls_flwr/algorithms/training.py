@@ -175,7 +175,8 @@ def prepare_model(model: nn.Module, device: torch.device, channels_last: bool) -
     """``model`` on ``device``; a conv net in the channels-last memory format when asked."""
     model.to(device)
     if channels_last and _has_conv(model):
-        model.to(memory_format=torch.channels_last)
+        # torch < 2.14's stubs lack Module.to's memory_format overload (it works at run time)
+        model.to(memory_format=torch.channels_last)  # type: ignore[call-overload, unused-ignore]
     return model
 
 
