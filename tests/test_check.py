@@ -300,13 +300,19 @@ def test_every_key_flowers_simulation_takes_is_accepted(capsys):
                                                     "'adaptive' (this run: 'fixed'): it would be ignored. Set "
                                                     "fedgf-c-mode='adaptive', or leave fedgf-threshold out"),
 ])
-def test_a_typed_setting_no_selected_part_reads_is_refused(run_config, message, capsys, monkeypatch):
+def test_a_typed_setting_no_selected_part_reads_is_refused(run_config, message, capsys, monkeypatch, tmp_path):
+    """By `fedvls check`, `fedvls deploy local` and `fedvls run` alike, before anything starts."""
     from fedvls_flwr.deploy import cli as deploy
+    from fedvls_flwr.experiments import run
+    from fedvls_flwr.ops import inprocess
 
     assert main(["--no-data", "--run-config", run_config]) == 2
     assert message in capsys.readouterr().err
     monkeypatch.setattr(LocalSuperLink, "start", lambda *a, **k: pytest.fail("a process was started"))
     assert deploy.main(["local", "--insecure", "--nodes", "2", "--run-config", run_config]) == 2
+    assert message in capsys.readouterr().err
+    monkeypatch.setattr(inprocess, "run_in_process", lambda *a, **k: pytest.fail("a run was started"))
+    assert run.main(["--run-config", f"{run_config} output-dir='{tmp_path}'"]) == 2
     assert message in capsys.readouterr().err
 
 

@@ -37,7 +37,7 @@ from fedvls_flwr.config.run_config import ConfigError, did_you_mean
 from fedvls_flwr.experiments.check import check_run_config
 from fedvls_flwr.ops.resources import Machine, detect_machine, resource_problem
 
-#: Simulation settings the in-process engine reads, with their defaults (Flower's).
+#: Simulation settings the in-process engine reads, with their defaults (Flower's, but 10 nodes: Flower's is 2).
 ENGINE_FEDERATION: dict[str, Any] = {"num-supernodes": 10, "client-resources-num-cpus": 2.0,
                                      "client-resources-num-gpus": 0.0, "init-args-num-cpus": None,
                                      "init-args-num-gpus": None}
@@ -122,8 +122,8 @@ def main(argv: list[str] | None = None) -> int:
                              "(fedvls check --help, docs/configuration.md)")
     parser.add_argument("--federation-config", action="append", default=[], metavar="STR",
                         help="'num-supernodes=10 client-resources-num-cpus=1 client-resources-num-gpus=0.25' "
-                             "(Flower's defaults: 10 nodes, 2 CPUs and no GPU per client): the clients of a round "
-                             "train at once on as many worker processes as the machine holds at that size")
+                             "(defaults: 10 nodes - Flower's own is 2 -, 2 CPUs and no GPU per client): the clients "
+                             "of a round train at once on as many worker processes as the machine holds at that size")
     parser.add_argument("--workers", type=int, metavar="N",
                         help="at most N client workers (default: as many as the federation config gives room for; "
                              "1: the clients one after another)")
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"--workers {args.workers}: give 1 or more (1: the clients one after another)")
         overrides = parse_run_config_args(args.run_config)
         federation = engine_federation(parse_run_config_args(args.federation_config, "--federation-config"), notes)
-        check_run_config(overrides, int(federation["num-supernodes"]), this_machine=True, warn=notes)
+        check_run_config(overrides, int(federation["num-supernodes"]), this_machine=True, warn=notes, typed=True)
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
