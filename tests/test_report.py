@@ -638,10 +638,10 @@ def test_a_reports_manifest_lists_what_it_wrote_and_only_its_files_are_removed(r
 
 
 def test_a_report_stopped_midway_leaves_a_manifest_that_claims_only_what_it_wrote(tmp_path, monkeypatch):
-    """Ctrl-C (or a full disk) between two plots: the manifest, written before the first file,
-    says a report was being written and which report-named files were there before it (the
-    user's). The next report takes the stopped one's files as a report's: the ones it does not
-    write again are removed, not named as the user's in every later note; the user's stay."""
+    """Ctrl-C (or a full disk) between two plots: the manifest, written before the first file and
+    after each, says a report was being written and lists the files it wrote. The next report
+    removes the ones it does not write again, instead of naming them as the user's in every later
+    note; the user's files stay - one put there before the report, and one after it stopped."""
     from fedvls_flwr.experiments import report as report_module
     from fedvls_flwr.experiments.report import MANIFEST, read_manifest
 
@@ -665,11 +665,12 @@ def test_a_report_stopped_midway_leaves_a_manifest_that_claims_only_what_it_wrot
     first_plot = calls[0]
     assert first_plot.is_file() and (out / "results.md").is_file()
     manifest = json.loads((out / MANIFEST).read_text())
-    assert manifest["writing"] is True and manifest["foreign"] == ["accuracy-my-sketch.png"]
-    assert read_manifest(out)["preset"] == "t1"
-    assert set(read_manifest(out)["files"]) >= {first_plot.name, "results.md", "results.csv"}
-    assert "accuracy-my-sketch.png" not in read_manifest(out)["files"]
+    assert manifest["writing"] is True and manifest["preset"] == "t1"
+    assert set(manifest["files"]) >= {first_plot.name, "results.md", "results.csv"}
+    assert "accuracy-my-sketch.png" not in manifest["files"] and calls[1].name not in manifest["files"]
+    assert read_manifest(out)["files"] == manifest["files"]
     monkeypatch.undo()
+    (out / "per-class-my-notes.png").write_text("mine too")  # put there after the report stopped
 
     import shutil
 
@@ -677,9 +678,22 @@ def test_a_report_stopped_midway_leaves_a_manifest_that_claims_only_what_it_wrot
     notes: list[str] = []
     again = make_report(root, out, notes=notes)
     assert not first_plot.exists()  # the stopped report's plot of a row the runs no longer have
-    assert (out / "accuracy-my-sketch.png").read_text() == "mine"
-    assert set(out.iterdir()) == set(again.values()) | {out / "accuracy-my-sketch.png", out / MANIFEST}
+    mine = {out / "accuracy-my-sketch.png": "mine", out / "per-class-my-notes.png": "mine too"}
+    assert {path: path.read_text() for path in mine} == mine
+    assert set(out.iterdir()) == set(again.values()) | set(mine) | {out / MANIFEST}
     assert [n for n in notes if n.startswith(str(out))] == [
-        f"{out} also holds accuracy-my-sketch.png, which this report did not write (no report's manifest lists them: "
-        "your own files, or an earlier version's report); they are left as they are: remove the ones that are stale"]
+        f"{out} also holds accuracy-my-sketch.png, per-class-my-notes.png, which this report did not write (no "
+        "report's manifest lists them: your own files, or an earlier version's report); they are left as they are: "
+        "remove the ones that are stale"]
     assert "writing" not in json.loads((out / MANIFEST).read_text())
+
+
+def test_a_report_folder_a_file_stands_in_the_way_of_is_refused_in_one_line(runs_root, tmp_path, capsys):
+    from fedvls_flwr.experiments.report import main
+
+    (tmp_path / "afile").write_text("x")
+    for out in (tmp_path / "afile", tmp_path / "afile" / "sub"):
+        assert main([str(runs_root), "--out", str(out)]) == 2
+        assert capsys.readouterr().err == (f"error: the report folder {out} cannot be made: {tmp_path / 'afile'} is a "
+                                           "file; give --out a folder (a new one, or one that holds a report)\n")
+    assert (tmp_path / "afile").read_text() == "x"

@@ -162,7 +162,7 @@ def test_a_dry_run_says_what_the_sweep_would_refuse_and_what_it_would_run_and_wr
     assert _tree(out) == before and fake_runs == ran and not (tmp_path / "new").exists()
 
 
-@pytest.mark.parametrize("damage", ['{"status": "compl', "[]", ""])
+@pytest.mark.parametrize("damage", ['{"status": "compl', "[]", "", '{"status": "completed", "config": "x"}'])
 def test_a_finished_runs_damaged_summary_is_named_with_the_fix_not_a_traceback(tmp_path, fake_runs, capsys, monkeypatch,
                                                                                damage):
     """A summary.json that cannot be read (a disk that filled up, a hand edit) stops the sweep
@@ -182,3 +182,37 @@ def test_a_finished_runs_damaged_summary_is_named_with_the_fix_not_a_traceback(t
         assert err.endswith(f"remove that file and run the sweep again - the run continues from its checkpoint (its "
                             f"rounds are kept) and writes a new one - or move {summary.parent} away\n")
     assert fake_runs == ran
+
+
+def test_a_tilde_in_the_output_folder_is_the_home_folder_for_the_sweep_and_its_dry_run(tmp_path, fake_runs, capsys,
+                                                                                        monkeypatch):
+    """bash leaves '~' as typed in --output-dir=~/runs: the sweep does not make a folder named '~'
+    where it runs, and its dry run looks where the sweep writes."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    preset = _preset(tmp_path, "table-1", methods="[fedavg]")
+    assert sweep.main([str(preset), "--output-dir=~/runs"]) == 0
+    assert fake_runs and (tmp_path / "home" / "runs" / fake_runs[0] / "summary.json").is_file()
+    assert not (tmp_path / "~").exists()
+    capsys.readouterr()
+    assert sweep.main([str(preset), "--output-dir=~/runs", "--dry-run"]) == 0
+    assert capsys.readouterr().err.startswith(f"dry run: 1 run in {tmp_path / 'home' / 'runs'}: 1 finished (skipped)")
+
+
+def test_a_gpu_share_on_a_machine_without_a_gpu_is_refused_before_the_data_and_by_the_dry_run(tmp_path, fake_runs,
+                                                                                               capsys, monkeypatch):
+    from fedvls_flwr.experiments import preset as preset_module
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setattr(sweep, "check_data", lambda *a: pytest.fail("the data was loaded first"))
+    monkeypatch.setattr(preset_module, "check_data", lambda *a: pytest.fail("the data was loaded first"))
+    path = tmp_path / "gpu.yaml"
+    path.write_text("name: g\nbase: {dataset: digits}\ngrid: {method: [fedavg]}\n"
+                    "federation: {num-supernodes: 3, client-resources-num-gpus: 0.25}\n")
+    for dry in (["--dry-run"], []):
+        assert sweep.main([str(path), "-o", str(tmp_path / "out"), *dry]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and "client-resources-num-gpus = 0.25" in err and "no GPU" in err, err
+    assert not fake_runs and not (tmp_path / "out").exists()

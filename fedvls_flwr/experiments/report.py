@@ -133,7 +133,8 @@ def make_report(
 
     Raises :class:`NoRunsError` (nothing written) when a root does not exist, no run folder
     is found, or no run completed (unless ``include_incomplete``), and
-    :class:`ReportInputError` (nothing written) for a ``gaps`` label the table has no column for.
+    :class:`ReportInputError` (nothing written) for a ``gaps`` label the table has no column for, or an
+    ``out_dir`` that a file stands in the way of.
     """
     runs, skipped = find_runs(root)
     where = root if isinstance(root, (str, Path)) else (", ".join(map(str, root)) or "no folder (none was given)")
@@ -153,6 +154,10 @@ def make_report(
             raise ValueError("out_dir is required when several roots are given")
         out_dir = Path(root) / "report"
     out_dir = Path(out_dir)
+    if not out_dir.is_dir() and (blocking := next((p for p in (out_dir, *out_dir.parents) if p.exists()), None)) \
+            and not blocking.is_dir():
+        raise ReportInputError(f"the report folder {out_dir} cannot be made: {blocking} is a file; give --out a folder "
+                               "(a new one, or one that holds a report)")
     written: dict[str, Path] = {}
     report_table = table(runs, rows=rows, cols=cols, include_incomplete=include_incomplete)
     check_gaps(report_table, gaps)
@@ -161,21 +166,32 @@ def make_report(
         notes.extend(dict.fromkeys(report_table.repeated.values()))  # a seed run again: counted once
     runs = [r for r in runs if r.path not in report_table.repeated]  # nor drawn twice in the plots
     previous = read_manifest(out_dir)
-    # Said before the first file is written: a report stopped midway (Ctrl-C, a full disk) leaves
-    # a manifest that claims what it wrote, so the next report removes or replaces those files.
     out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out_dir / MANIFEST, {"preset": preset, "preset_file": preset_file,
-                                           "files": (previous or {}).get("files", []), "writing": True,
-                                           "foreign": report_files_left(out_dir)})
+    claimed = set((previous or {}).get("files", []))
+
+    def claim() -> None:
+        """The manifest, while the report is written: the last report's files and each file this
+        one has written so far (a report stopped midway - Ctrl-C, a full disk - leaves one that
+        lists what it wrote, which the next report removes or replaces; a file written in the
+        instant before its claim is merely named as not a report's, as a user's file is)."""
+        claimed.update(Path(p).name for p in written.values())
+        atomic_write_json(out_dir / MANIFEST, {"preset": preset, "preset_file": preset_file,
+                                               "files": sorted(claimed), "writing": True})
+
+    claim()  # before the first file: whose report this folder holds
     written["table_md"], written["table_csv"] = write_table(report_table, out_dir)
+    claim()
     if (diag := write_diagnostics(report_table, runs, out_dir)) is not None:
         written["diagnostics_md"], written["diagnostics_csv"] = diag
+        claim()
     if (staged := write_stages(report_table, runs, out_dir)) is not None:
         written["stages_md"], written["stages_csv"] = staged
+        claim()
     if gaps and (found := paired_gaps(report_table, gaps)):
         written["gaps_md"], written["gaps_csv"] = write_gaps(report_table, found, out_dir)
         if all(isinstance(g.row[-1], (int, float)) for g in found):
             written["gaps_plot"] = plot_gaps(found, report_table.row_keys[-1], out_dir / "gaps.png")
+        claim()
     by_row: dict[tuple, list[RunRecord]] = {}
     for run in runs:
         by_row.setdefault(tuple(config_value(run.config, k) for k in rows), []).append(run)
@@ -186,10 +202,12 @@ def make_report(
         slug = _slug("-".join(_fmt_value(v) for v in row)) if row else "all"
         if any(r.accuracy_curve()[0].size for r in group):
             written[f"accuracy-{slug}"] = plot_accuracy(group, out_dir / f"accuracy-{slug}.png")
+            claim()
         if any(r.final_per_class() is not None for r in group):
             written[f"per-class-{slug}"] = plot_per_class(
                 group, out_dir / f"per-class-{slug}.png", clients=_same_partition(group)
             )
+            claim()
         seen: list[dict] = []
         # most clients first: a run that stopped early recorded only the clients it heard
         # from, a part of a partition another run of the same seed shows whole
@@ -204,6 +222,7 @@ def make_report(
                 name = f"{name}-{len(seen)}"
             title = f"Label distribution — {_common_title([run])}, seed {run.seed}"
             written[name] = plot_partition(clients, out_dir / f"{name}.png", title=title)
+            claim()
     _remove_stale(out_dir, written.values(), previous)
     atomic_write_json(out_dir / MANIFEST, {"preset": preset, "preset_file": preset_file,
                                            "files": sorted(Path(p).name for p in written.values())})
@@ -220,8 +239,8 @@ REPORT_FILES = ("results.md", "results.csv", "diagnostics.md", "diagnostics.csv"
                 "gaps.md", "gaps.csv", "gaps.png", "accuracy-*.png", "per-class-*.png", "partition-*.png")
 #: A report's record, in its folder, of the files it wrote and whose report it is (JSON:
 #: ``{"preset": name or null, "preset_file": its YAML or null, "files": [names]}``); while a
-#: report is being written, also ``"writing": true`` and ``"foreign"``: the report-named files
-#: the folder held that no report listed (every other report-named file is the writing report's).
+#: report is being written, also ``"writing": true``, and ``files`` lists the last report's files
+#: and those this one has written so far.
 MANIFEST = ".fedvls-report.json"
 
 
@@ -236,16 +255,9 @@ def read_manifest(out_dir: str | Path) -> dict[str, Any] | None:
     if not isinstance(data, dict) or not isinstance(files := data.get("files"), list):
         return None
     preset, preset_file = data.get("preset"), data.get("preset_file")
-    listed = [f for f in files if isinstance(f, str) and _is_report_file(f)]
-    if data.get("writing") is True:  # a report stopped midway: the report-named files it found stay foreign
-        foreign = data.get("foreign")
-        foreign = {f for f in foreign if isinstance(f, str)} if isinstance(foreign, list) else None
-        if foreign is not None:
-            present = [p.name for pattern in REPORT_FILES for p in Path(out_dir).glob(pattern) if p.is_file()]
-            listed = sorted({*listed, *(name for name in present if name not in foreign)})
     return {"preset": preset if isinstance(preset, str) else None,
             "preset_file": preset_file if isinstance(preset_file, str) else None,
-            "files": listed}
+            "files": [f for f in files if isinstance(f, str) and _is_report_file(f)]}
 
 
 def _is_report_file(name: str) -> bool:

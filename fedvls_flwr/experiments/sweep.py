@@ -123,6 +123,8 @@ def _check_same_settings(run_dir: Path, identity: dict[str, Any]) -> None:
         summary = json.loads((run_dir / SUMMARY_FILE).read_text())
         if not isinstance(summary, dict):
             raise ValueError(f"a JSON {type(summary).__name__}, not an object")
+        if not isinstance(summary.get("config") or {}, dict):
+            raise ValueError(f"its 'config' is a JSON {type(summary['config']).__name__}, not an object")
     except (OSError, ValueError) as err:  # damaged (a disk that filled up, an edit): said, not a traceback
         raise PresetError(
             f"{run_dir / SUMMARY_FILE} cannot be read ({err}); remove that file and run the sweep again - the run "
@@ -153,13 +155,10 @@ def run_preset(
     """
     view = view or ProgressView(log)
     log = view.message
-    output_dir = Path(output_dir).resolve()
-    plan = plan_sweep(preset, output_dir, report=report)
+    output_dir = Path(output_dir).expanduser().resolve()
+    plan = plan_sweep(preset, output_dir, report=report, engine=engine)
     todo, planned, statuses, own = plan.todo, plan.planned, plan.statuses, plan.own
     log(f"[sweep] {preset.name}: {len(preset.runs)} runs, {len(statuses)} already finished, {len(todo)} to run")
-    joined = ray_address()
-    if todo and engine == "flwr" and joined is not None and (unreachable := check_ray_address(joined)) is not None:
-        raise PresetError(unreachable)  # said before any run starts, not as a Ray traceback in each
     if todo and engine == "inprocess":
         _run_in_process(todo, planned, output_dir, statuses, view, timeout=timeout, parallel=parallel)
     elif todo:
@@ -201,11 +200,15 @@ class SweepPlan:
     own: list[Path]
 
 
-def plan_sweep(preset: Preset, output_dir: Path, *, report: bool = True, data: bool = True) -> SweepPlan:
+def plan_sweep(preset: Preset, output_dir: Path, *, report: bool = True, data: bool = True,
+               engine: str = "inprocess") -> SweepPlan:
     """Every check a sweep makes before its first run (a report folder another preset's report
     holds, a finished run folder with other settings, a run folder that cannot be resumed, the
-    tracking; with ``data`` the datasets and splits too, and ``output_dir`` created), and the plan.
-    ``data=False`` (``--dry-run``) writes nothing and loads no dataset."""
+    tracking, room on this machine for each run's clients on the in-process engine, the Ray
+    cluster ``RAY_ADDRESS`` names on ``engine`` flwr; with ``data`` the datasets and splits too,
+    and ``output_dir`` created), and the plan. ``data=False`` (``--dry-run``) writes nothing and
+    loads no dataset."""
+    output_dir = Path(output_dir).expanduser().resolve()
     if report:
         check_report_dir(preset, output_dir)  # before any run: not another preset's report overwritten at the end
     finished = _finished_runs(output_dir)
@@ -237,6 +240,11 @@ def plan_sweep(preset: Preset, output_dir: Path, *, report: bool = True, data: b
             planned.append((cfg.run_name, cfg.method, cfg.num_server_rounds))
         except ValueError as err:  # ConfigError, RunFolderError (which file, what to do)
             raise PresetError(f"preset {preset.path}: run {run_config['run-name']}: {err}") from None
+    if todo and engine == "inprocess":
+        check_machine_room([federation for _, federation, _ in todo])
+    joined = ray_address()
+    if todo and engine == "flwr" and joined is not None and (unreachable := check_ray_address(joined)) is not None:
+        raise PresetError(unreachable)  # said before any run starts, not as a Ray traceback in each
     if data:  # the costly check last: what the files say is said without loading a dataset
         output_dir.mkdir(parents=True, exist_ok=True)
         check_data(preset)
@@ -348,13 +356,10 @@ def _run_with_flwr(todo: list, planned: list, output_dir: Path, statuses: dict[s
         progress.close()
 
 
-def machine_shares(federations: list[dict[str, Any]], parallel: int, log: Callable[[str], None],
-                   machine: Any = None, runs: int | None = None) -> tuple[int, list[Any]]:
-    """How many runs go at once and each one's share of the machine. ``--parallel`` above the
-    machine's room (every run at least one client worker at its client resources) is capped,
-    and said; so is more than ``runs`` (the runs to do: a share nobody uses is wasted). A run
-    the machine cannot serve at all is a PresetError before anything starts."""
-    from fedvls_flwr.ops.resources import detect_machine, plan_workers, resource_problem, room_for_runs, share_machine
+def check_machine_room(federations: list[dict[str, Any]], machine: Any = None) -> list[tuple[float, float]]:
+    """The runs' distinct (CPUs, GPU share) per client; a PresetError when this machine cannot
+    serve one of them at all (a GPU share without a GPU, more CPUs per client than it has)."""
+    from fedvls_flwr.ops.resources import detect_machine, resource_problem
 
     machine = machine or detect_machine()
     asks = sorted({(float(f.get("client-resources-num-cpus", 2.0)), float(f.get("client-resources-num-gpus", 0.0)))
@@ -363,6 +368,19 @@ def machine_shares(federations: list[dict[str, Any]], parallel: int, log: Callab
         if (problem := resource_problem(cpus, gpus, machine)) is not None:
             raise PresetError(f"{problem} (in --federation-config or the preset's federation; --set "
                               "client-resources-num-cpus=... / client-resources-num-gpus=... sets them for every run)")
+    return asks
+
+
+def machine_shares(federations: list[dict[str, Any]], parallel: int, log: Callable[[str], None],
+                   machine: Any = None, runs: int | None = None) -> tuple[int, list[Any]]:
+    """How many runs go at once and each one's share of the machine. ``--parallel`` above the
+    machine's room (every run at least one client worker at its client resources) is capped,
+    and said; so is more than ``runs`` (the runs to do: a share nobody uses is wasted). A run
+    the machine cannot serve at all is a PresetError before anything starts."""
+    from fedvls_flwr.ops.resources import detect_machine, plan_workers, room_for_runs, share_machine
+
+    machine = machine or detect_machine()
+    asks = check_machine_room(federations, machine)
     room = min(room_for_runs(machine, cpus, gpus) for cpus, gpus in asks)
     if parallel > room:
         cpus, gpus = max(asks)
@@ -569,32 +587,33 @@ def main(argv: list[str] | None = None) -> int:
     except (PresetError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    output_dir = Path(args.output_dir) if args.output_dir else Path("~/fedvls-runs").expanduser() / preset.name
+    # '~' expanded here too: bash leaves it as typed in --output-dir=~/runs or -o '~/runs'
+    output_dir = Path(args.output_dir or Path("~/fedvls-runs") / preset.name).expanduser()
     if args.dry_run:
         for overrides in preset.runs:
             print(overrides["run-name"], json.dumps(overrides))
     if problem := output_dir_problem(output_dir):
         print(f"error: --output-dir {output_dir}: {problem}", file=sys.stderr)
         return 2
-    if args.dry_run:  # what the sweep would find before its first run, without loading a dataset
-        try:
-            plan = plan_sweep(preset, output_dir.expanduser().resolve(), data=False)
-        except (PresetError, ConfigError, OSError) as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
-        from fedvls_flwr.app.results import holds_run
-
-        stopped = sum(holds_run(output_dir.expanduser().resolve() / config["run-name"]) for config, _, _ in plan.todo)
-        print(f"dry run: {_runs(len(preset.runs))} in {output_dir}: {len(plan.statuses)} finished (skipped), {stopped} "
-              f"stopped midway (they continue from their last checkpoint), {len(plan.todo) - stopped} new; the "
-              "datasets and splits are checked when the sweep starts", file=sys.stderr)
-        return 0
     if engine == "flwr" and (missing := ray_missing()) is not None:
         why = "--engine flwr" if args.engine else "RAY_ADDRESS is set, so the sweep runs on --engine flwr"
         print(f"error: {why}: every run is a flwr run in Flower's Ray simulation, but {missing}. Install it "
               "(pip install \"flwr[simulation]\"; scripts/setup.sh does), or run the sweep in-process: "
               "--engine inprocess", file=sys.stderr)
         return 2
+    if args.dry_run:  # what the sweep would find before its first run, without loading a dataset
+        try:
+            plan = plan_sweep(preset, output_dir, data=False, engine=engine)
+        except (PresetError, ConfigError, OSError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        from fedvls_flwr.app.results import holds_run
+
+        stopped = sum(holds_run(output_dir.resolve() / config["run-name"]) for config, _, _ in plan.todo)
+        print(f"dry run: {_runs(len(preset.runs))} in {output_dir}: {len(plan.statuses)} finished (skipped), {stopped} "
+              f"stopped midway (they continue from their last checkpoint), {len(plan.todo) - stopped} new; the "
+              "datasets and splits are checked when the sweep starts", file=sys.stderr)
+        return 0
     try:
         result = run_preset(preset, output_dir, timeout=args.timeout, port_range=port_range,
                             view=ProgressView.for_terminal(every=args.progress_every), shared_ray=not args.no_shared_ray,
