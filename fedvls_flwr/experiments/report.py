@@ -126,7 +126,8 @@ def make_report(
     listed in its manifest that this one does not write (a row it no longer has) are removed: the
     folder shows one report. Nothing else is removed: a folder without a manifest (the user's own,
     an earlier version's report) keeps every file; the manifest is written before the first file,
-    so a report stopped midway is known as one by the next. Returns name -> path (the manifest aside);
+    and after each, so a report stopped midway is known as one by the next. Returns name -> path (the
+    manifest aside);
     ``left_out`` (a list) receives the run folders not tabulated, each with why; ``notes``
     the tabulated runs whose rounds.jsonl lacks rounds their summary.json says completed, and
     the files of a report's names left in ``out_dir`` that this report did not write.

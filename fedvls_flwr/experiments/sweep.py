@@ -549,8 +549,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="run only the preset's runs with this setting (repeatable: all must match)")
     parser.add_argument("--dry-run", action="store_true",
                         help="list the runs, check what the sweep would check before its first run (the output "
-                             "folder, the report folder, finished and interrupted runs; not the datasets) and exit; "
-                             "writes nothing")
+                             "folder, the report folder, finished and interrupted runs, the machine's room, "
+                             "RAY_ADDRESS; not the datasets) and exit; writes nothing")
     parser.add_argument("--progress-every", type=_seconds_or_zero, default=30.0, metavar="SECONDS",
                         help="when stdout is not a terminal: a progress line per round, at most one per SECONDS "
                              "(0: every round); in a terminal the progress is one live line")
