@@ -14,6 +14,8 @@ set -euo pipefail
 case "${1:-}" in -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.12}
+"$PY" -c 'import sys; assert sys.version_info >= (3, 11)' 2>/dev/null || {
+    echo "error: '$PY' does not run a Python >= 3.11 here; give one: PYTHON=/path/to/python3.12 bash $0" >&2; exit 2; }
 VENV=${VENV:-/tmp/fedvls-lower-bound}
 TORCH=${TORCH:-2.11.0}
 TORCHVISION=${TORCHVISION:-0.26.0}
