@@ -561,4 +561,20 @@ MUTATIONS: list[Mutation] = [
              "fedvls_flwr/app/messages.py",
              "        out[key] = arr.numpy() if view is None else view\n",
              "        out[key] = arr.numpy() if view is None else view.copy()\n", ("tests/test_messages.py",)),
+    Mutation("dry-run-loads-and-writes", "presets", "`fedvls sweep --dry-run` makes the output folder and loads every "
+             "run's dataset, as the sweep does",
+             "fedvls_flwr/experiments/sweep.py",
+             "    if data:  # the costly check last",
+             "    if True:  # the costly check last", ("tests/test_sweep_report.py",)),
+    Mutation("report-manifest-only-at-the-end", "report tables", "a report writes its manifest only after its last "
+             "file: one stopped midway leaves files no manifest lists, named as the user's ever after",
+             "fedvls_flwr/experiments/report.py",
+             "        atomic_write_json(out_dir / MANIFEST, {\"preset\": preset, \"preset_file\": preset_file,\n"
+             "                                               \"files\": sorted(claimed), \"writing\": True})\n",
+             "        pass\n", ("tests/test_report.py",)),
+    Mutation("run-ignores-unread-settings", "config checks", "`fedvls run` starts a run with a typed setting no part "
+             "of it reads (fedprox-mu with method fedavg), which it then ignores",
+             "fedvls_flwr/experiments/run.py",
+             "this_machine=True, warn=notes, typed=True)",
+             "this_machine=True, warn=notes)", ("tests/test_check.py",)),
 ]
