@@ -542,6 +542,53 @@ def test_the_arrays_a_round_shares_go_to_each_worker_once(monkeypatch, tmp_path,
     assert not list(Path("/dev/shm").glob(f"fedvls-{os.getpid()}-*"))  # nothing left behind
 
 
+PARENT_KILLED_MID_ROUND = """
+import sys
+sys.path.insert(0, {root!r})
+from tests.runs import flower_run_identity
+from tests.test_client_workers import pool_grid, train_round
+
+with flower_run_identity():
+    grid, pool = pool_grid(workers=1, nodes=1)
+    with pool:
+        pool.wait_started()
+        train_round(grid, do={{0: "linger"}}, size=1_000_000)
+"""
+
+
+def test_a_parent_killed_mid_round_leaves_nothing_in_dev_shm(tmp_path):
+    """The shared-memory file a round opens is the worker's to unlink once mapped: SIGKILL to
+    the parent while its worker trains (no clean-up of its own can run; the worker ends with
+    it) leaves no file behind."""
+    import subprocess
+    import sys
+    import time
+
+    from tests.worker_apps import LINGERING_ENV
+
+    marker = tmp_path / "lingering"
+    root = str(Path(__file__).resolve().parents[1])
+    parent = subprocess.Popen([sys.executable, "-c", PARENT_KILLED_MID_ROUND.format(root=root)],
+                              env={**os.environ, LINGERING_ENV: str(marker)})
+    try:
+        deadline = time.monotonic() + 120
+        while not (marker.exists() and marker.read_text()) and parent.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marker.exists() and parent.poll() is None, "the worker never reached the lingering message"
+        parent.kill()
+        parent.wait(timeout=30)
+        assert not list(Path("/dev/shm").glob(f"fedvls-{parent.pid}-*"))
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(timeout=30)
+        if marker.exists() and marker.read_text():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(marker.read_text()), signal.SIGKILL)
+        for leftover in Path("/dev/shm").glob(f"fedvls-{parent.pid}-*"):
+            leftover.unlink(missing_ok=True)
+
+
 def test_node_state_the_client_left_alone_is_not_sent_back(monkeypatch):
     """A large array in a node's state (FedConcat's frozen encoders) goes to the worker with each
     message, but comes back only when the ClientApp changed it; the node keeps it either way."""

@@ -8,7 +8,8 @@ the state, then raises; ``die`` kills the worker process (SIGKILL); ``hold`` kee
 the node's state, written the first time and left alone after; ``slow`` counts after waiting 0.3 s
 (long enough that every worker of a pool takes a message of the round, however loaded the machine);
 ``draw`` counts and replies a number drawn from each of Python's, numpy's and torch's global
-random generators.
+random generators; ``linger`` writes its process id to the file ``$FEDVLS_TEST_LINGERING`` names,
+then waits 30 s (a worker caught in the middle of a message).
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from flwr.clientapp import ClientApp
 
 app = ClientApp()
 
+#: The file a ``linger`` message writes its worker's process id to (then it waits).
+LINGERING_ENV = "FEDVLS_TEST_LINGERING"
+
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
@@ -33,6 +37,10 @@ def train(msg: Message, context: Context) -> Message:
         os.kill(os.getpid(), signal.SIGKILL)
     if do == "slow":
         time.sleep(0.3)
+    if do == "linger":
+        with open(os.environ[LINGERING_ENV], "w") as marker:
+            marker.write(str(os.getpid()))
+        time.sleep(30)
     if do == "hold" and "big" not in context.state.array_records:
         context.state["big"] = ArrayRecord({"x": Array(np.full(1_000_000, seen + 1, dtype=np.float32))})
     context.state["seen"] = ConfigRecord({"count": seen + 1})

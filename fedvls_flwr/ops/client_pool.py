@@ -422,7 +422,7 @@ class ClientPool:
         except (EOFError, OSError) as err:
             raise _WorkerGone(self._gone_text(slot, task, err)) from None
         assert number == task.number, (number, task.number)
-        if slot.unlink is not None:  # the worker has mapped it: the name is no longer needed
+        if slot.unlink is not None:  # the worker has mapped it (and removed its name, Bulk.attach)
             Path(slot.unlink).unlink(missing_ok=True)
             slot.unlink = None
         slot.reply_bytes = max(slot.reply_bytes, sum(n for _, n in reply_layout))

@@ -266,8 +266,9 @@ class Bulk:
     map (one copy in, one copy out), else - no such file, or too small - through the connection.
 
     The parent makes the file (reserving its pages: a full tmpfs is a clean fallback, never a
-    SIGBUS later), names it in a message, and unlinks it once the worker has mapped it (the
-    memory goes when both let go, even if one is killed). One message at a time uses it: the
+    SIGBUS later) and names it in a message; the worker unlinks it as soon as it has mapped it
+    (the parent does if the worker never did), so the memory goes when both let go, even if
+    the parent is killed in the middle of the round. One message at a time uses it: the
     parent writes the message's arrays, the worker copies them out, then writes its reply's."""
 
     def __init__(self, conn: Connection) -> None:
@@ -276,13 +277,15 @@ class Bulk:
         self.size = 0
 
     def attach(self, path: str, size: int) -> None:
-        """(worker) map the parent's file."""
+        """(worker) map the parent's file, and remove its name: both processes hold it mapped
+        now, and a name left in /dev/shm would outlive a parent killed before the reply."""
         self.close()
         fd = os.open(path, os.O_RDWR)
         try:
             self.map, self.size = mmap.mmap(fd, size), size
         finally:
             os.close(fd)
+            Path(path).unlink(missing_ok=True)
 
     def create(self, size: int, name: str) -> str | None:
         """(parent) a new file of ``size`` bytes, mapped; its path, or None (no room: use the connection)."""
