@@ -123,6 +123,47 @@ def test_other_settings_are_still_refused(tmp_path):
         _resume_point(config(tmp_path, lr=0.5), tmp_path / "r")
 
 
+# ---- what the sites' replies carried, over the whole run ------------------------------------
+
+
+class SayingGrid(TrainingGrid):
+    """TrainingGrid whose replies also carry ``said`` (a metric name) in the rounds listed;
+    ``rejected``: only node 13's, with a NaN loss (rejected: its metrics reached the server
+    all the same)."""
+
+    def __init__(self, said: str, rounds: set[int], rejected: bool = False):
+        super().__init__()
+        self.said, self.rounds, self.rejected = said, rounds, rejected
+
+    def answer(self, messages):
+        replies = super().answer(messages)
+        for reply in replies:
+            if int(reply.metadata.message_id.split("-")[1]) not in self.rounds:
+                continue
+            if not self.rejected or reply.metadata.src_node_id == 13:
+                reply.content[METRICS_KEY][self.said] = 1.0
+            if self.rejected and reply.metadata.src_node_id == 13:
+                reply.content[METRICS_KEY][TRAIN_LOSS] = float("nan")
+        return replies
+
+
+def test_reply_metrics_cover_every_session_of_a_resumed_run_and_rejected_replies(tmp_path):
+    first = run_experiment(SayingGrid("early", {1}), config(tmp_path, num_server_rounds=2, resume=False))
+    (first / "summary.json").unlink()  # as a killed server leaves it
+    run_dir = run_experiment(SayingGrid("late", {4}, rejected=True), config(tmp_path))
+    rounds = {r["round"]: r for r in read_rounds(run_dir)}
+    per_round = {n: r.get("reply_metrics") for n, r in rounds.items()}
+    assert per_round[1] == sorted({NUM_EXAMPLES, TRAIN_LOSS, "early"}) and per_round[2] == per_round[3]
+    assert "late" in per_round[4] and "early" not in per_round[2]
+    assert rounds[4]["clients_rejected"] == 1 and rounds[4]["clients_accepted"] == 2
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["reply_metrics"] == sorted({NUM_EXAMPLES, TRAIN_LOSS, "early", "late"})
+    # a session with no round left to run still lists what the run's replies carried
+    (run_dir / "summary.json").unlink()
+    run_experiment(TrainingGrid(), config(tmp_path))
+    assert json.loads((run_dir / "summary.json").read_text())["reply_metrics"] == summary["reply_metrics"]
+
+
 # ---- damaged files ---------------------------------------------------------------------------
 
 

@@ -268,6 +268,7 @@ class ServerRun:
             "clients_accepted": report.accepted,
             "clients_failed": len(report.failed),
             "clients_rejected": len(report.rejected),
+            "reply_metrics": sorted(report.reply_metrics),
             "attempts": report.attempts,
             "failures": report.failed + report.rejected,
             "seconds": report.seconds + (time.perf_counter() - t_eval),
@@ -450,8 +451,8 @@ class ServerRun:
             "num_train_pool": None if self.bundle is None else int(self.bundle.train_y.shape[0]),
             "num_test": None if self.bundle is None else int(self.bundle.test_y.shape[0]),
             **summarize(rounds),
-            # what the sites' training replies carried this session (docs/methods.md, "What a site shares")
-            "reply_metrics": sorted(self.strategy.reply_metric_names),
+            # what the sites' training replies carried in the whole run (docs/methods.md, "What a site shares")
+            "reply_metrics": sorted({name for r in rounds for name in r.get("reply_metrics", ())}),
             "rounds_completed": max((r["round"] for r in rounds), default=0),
             "wall_seconds": time.perf_counter() - self.t_start,
             **extra,

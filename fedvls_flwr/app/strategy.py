@@ -80,6 +80,7 @@ class RoundReport:
     server_parts: dict[str, float] = field(default_factory=dict)  # every server part's report() (FedExP, FedGF)
     attempts: int = 0
     seconds: float = 0.0
+    reply_metrics: set[str] = field(default_factory=set)  # every metric name a reply carried (accepted or not)
 
 
 class RunStrategy(Strategy):
@@ -103,7 +104,6 @@ class RunStrategy(Strategy):
         self.report = RoundReport(0)
         self.sizes: dict[int, float] = {}  # node id -> its last num-examples (message order)
         self._destinations: dict[str, int] = {}  # message id -> node id, of the round's messages
-        self.reply_metric_names: set[str] = set()  # what the sites' training replies carried (summary.json)
 
     def round_config(self, server_round: int) -> ConfigRecord:
         return self.nodes.round_config(server_round)
@@ -190,7 +190,6 @@ class RunStrategy(Strategy):
                 self.sizes[node_id] = reply.num_examples
                 self.report.clients.append({"node": str(node_id), "num_examples": reply.num_examples,
                                             **self._client_info(msg.content)})
-                self.reply_metric_names.update(metrics_in(msg.content, keys.METRICS).keys())
         return accepted
 
     def _judge(self, server_round: int, msg: Message, reference: ArrayDict | None, accepted: list[Reply]) -> Reply | None:
@@ -200,6 +199,7 @@ class RunStrategy(Strategy):
         node = str(node_id)
         if not msg.has_error() and has_record(msg.content, keys.METRICS, MetricRecord):
             metrics = metrics_in(msg.content, keys.METRICS)
+            self.report.reply_metrics.update(metrics.keys())  # what left the site, whatever the server makes of it
             if keys.PARTITION_ID in metrics:
                 self.nodes.partitions[node_id] = integer(metrics[keys.PARTITION_ID])
         if msg.has_error():
