@@ -577,4 +577,15 @@ MUTATIONS: list[Mutation] = [
              "fedvls_flwr/experiments/run.py",
              "this_machine=True, warn=notes, typed=True)",
              "this_machine=True, warn=notes)", ("tests/test_check.py",)),
+    Mutation("shm-file-left-to-the-parent", "engine", "only the parent removes a round's /dev/shm file, after the "
+             "reply: a parent killed mid-round leaves it in memory for good",
+             "fedvls_flwr/ops/client_worker.py",
+             "            os.close(fd)\n            Path(path).unlink(missing_ok=True)\n",
+             "            os.close(fd)\n", ("tests/test_client_workers.py",)),
+    Mutation("reply-metrics-of-this-session", "results", "summary.json's reply_metrics lists only the last session's "
+             "accepted replies: a resumed run hides what its earlier rounds' replies carried",
+             "fedvls_flwr/app/server.py",
+             "            \"reply_metrics\": sorted({name for r in rounds for name in r.get(\"reply_metrics\", ())}),\n",
+             "            \"reply_metrics\": sorted({name for r in rounds[-1:] for name in r.get(\"reply_metrics\", ())}),\n",
+             RESUME),
 ]
