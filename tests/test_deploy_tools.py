@@ -60,7 +60,7 @@ def test_port_range_parsing_says_what_is_wrong():
             parse_port_range(bad)
 
 
-def test_ports_come_from_the_range_skip_busy_and_handed_out_ones():
+def test_ports_come_from_the_range_skip_busy_and_handed_out_ones(tmp_path):
     with closing(socket.socket()) as busy:
         busy.bind(("127.0.0.1", 0))  # the range starts at a port the system gave this socket: busy for sure
         busy.listen()
@@ -69,7 +69,7 @@ def test_ports_come_from_the_range_skip_busy_and_handed_out_ones():
         first = free_port((lo, hi))
         assert lo < first <= hi  # lo is in use
         assert free_port((lo, hi), {first}) not in (lo, first)
-    link = LocalSuperLink(Path("/tmp") / f"fedvls-portrange-{os.getpid()}", simulation=False, port_range=(lo, hi))
+    link = LocalSuperLink(tmp_path, simulation=False, port_range=(lo, hi))
     ports = {link.port, *(link.new_port() for _ in range(5))}
     assert len(ports) == 6 and all(lo <= p <= hi for p in ports)
 
