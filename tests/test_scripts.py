@@ -56,3 +56,19 @@ def test_the_gpu_step_bench_rehearses_on_the_cpu(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(out.read_text())
     assert results["round"]["round_s"] > 0 and results["round"]["clients_training_s"] > 0, results["round"]
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(not (ROOT.parent / "shared" / "data" / "MNIST" / "raw").is_dir(), reason="../shared/data/MNIST absent")
+def test_the_head_round_bench_leaves_no_temporary_folder(tmp_path: Path) -> None:
+    """bench/head_round_phases.py prints a table, not its run's folder: it removes that folder
+    (a /tmp/head-round-phases-* was left by every measurement)."""
+    import os
+    import subprocess
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.run([sys.executable, "bench/head_round_phases.py", "--head-rounds", "3"], cwd=ROOT,
+                          env={**os.environ, "TMPDIR": str(tmp)}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.name for p in tmp.iterdir()) == []
