@@ -72,3 +72,22 @@ def test_the_head_round_bench_leaves_no_temporary_folder(tmp_path: Path) -> None
                           env={**os.environ, "TMPDIR": str(tmp)}, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(p.name for p in tmp.iterdir()) == []
+
+
+def test_the_engine_bench_removes_its_work_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench/bench_engine.py prints tables (and --json), not the folder its runs write to: it
+    removes that folder, also when a run fails (/tmp/bench-engine-* were left). The runs are stubbed."""
+    import tempfile
+
+    from bench import bench_engine
+
+    def failing_sweep(work: Path) -> dict:
+        (work / "run").mkdir(parents=True)
+        raise SystemExit("a run failed")
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(bench_engine, "sweep", failing_sweep)
+    monkeypatch.setattr(sys, "argv", ["bench_engine.py", "--only", "sweep"])
+    with pytest.raises(SystemExit, match="a run failed"):
+        bench_engine.main()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
