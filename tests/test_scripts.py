@@ -74,20 +74,37 @@ def test_the_head_round_bench_leaves_no_temporary_folder(tmp_path: Path) -> None
     assert sorted(p.name for p in tmp.iterdir()) == []
 
 
-def test_the_engine_bench_removes_its_work_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """bench/bench_engine.py prints tables (and --json), not the folder its runs write to: it
-    removes that folder, also when a run fails (/tmp/bench-engine-* were left). The runs are stubbed."""
+
+#: (script, what its main() calls first that the test makes fail, its command line after the script)
+WORK_FOLDERS = [
+    ("bench/bench_engine.py", "sweep", ["--only", "sweep"]),
+    ("bench/bench_deploy.py", "bare_app", []),
+    ("bench/bench_clientapp.py", "prepare", []),
+    ("scripts/fixed_seed_accuracies.py", "fedvls_flwr.ops.launch.LocalSuperLink", ["{out}"]),
+]
+
+
+@pytest.mark.parametrize(("script", "first", "argv"), WORK_FOLDERS, ids=[w[0] for w in WORK_FOLDERS])
+def test_a_bench_removes_its_temporary_folders_when_a_run_fails(
+    script: str, first: str, argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """These print tables or JSON, never the folders they make with tempfile (runs, a SuperLink's
+    home, a data cache): they remove them, on a failure too (/tmp/bench-engine-* were left). The
+    run is stubbed: its first step fails."""
     import tempfile
 
-    from bench import bench_engine
-
-    def failing_sweep(work: Path) -> dict:
-        (work / "run").mkdir(parents=True)
+    def fails(*args: object, **kwargs: object) -> None:
         raise SystemExit("a run failed")
 
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    monkeypatch.setattr(bench_engine, "sweep", failing_sweep)
-    monkeypatch.setattr(sys, "argv", ["bench_engine.py", "--only", "sweep"])
+    module = importlib.import_module(script.removesuffix(".py").replace("/", "."))
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    if "." in first:
+        monkeypatch.setattr(first, fails)  # imported by main() from its module
+    else:
+        monkeypatch.setattr(module, first, fails)
+    monkeypatch.setattr(sys, "argv", [script, *(a.replace("{out}", str(tmp_path / "out")) for a in argv)])
     with pytest.raises(SystemExit, match="a run failed"):
-        bench_engine.main()
-    assert sorted(p.name for p in tmp_path.iterdir()) == []
+        module.main()
+    assert sorted(p.name for p in temp.iterdir()) == []
