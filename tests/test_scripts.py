@@ -81,6 +81,7 @@ WORK_FOLDERS = [
     ("bench/bench_deploy.py", "bare_app", []),
     ("bench/bench_clientapp.py", "prepare", []),
     ("scripts/fixed_seed_accuracies.py", "fedvls_flwr.ops.launch.LocalSuperLink", ["{out}"]),
+    ("bench/bench_round.py", "LocalSuperLink", ["--variants", "app", "--output-dir", "{out}"]),
 ]
 
 
