@@ -487,3 +487,22 @@ def test_a_finished_runs_log_is_read_until_its_last_lines_have_come(tmp_path, mo
     outcome = link.wait(7)
     assert outcome.completed and "round 3/3: accuracy 0.9\n" in outcome.log
     assert len(seen) == 4  # three reads that grew, one that agreed (the command's own lines aside)
+
+
+def test_the_launcher_names_its_default_work_folder_before_anything_can_fail(tmp_path, monkeypatch, capsys):
+    """The default work folder is kept (certificates, logs, results): a launch that fails at once
+    (here: no free port in --port-range) still says where it is, not a folder in /tmp nobody was told of."""
+    import tempfile
+
+    from fedvls_flwr.deploy.local import run_local
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with closing(socket.socket()) as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(PortRangeError):
+            run_local(1, secure=False, auth=False, port_range=(port, port))
+    made = list(tmp_path.iterdir())
+    assert [p.name[:len("fedvls-deploy-")] for p in made] == ["fedvls-deploy-"]
+    assert f"work folder {made[0].resolve()}" in capsys.readouterr().out
