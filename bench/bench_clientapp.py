@@ -132,23 +132,24 @@ def main(argv: list[str] | None = None) -> int:
                                                '"dirichlet-beta": 0.5, "seed": 0}')
     parser.add_argument("--json", type=Path, help="write the raw timings here")
     args = parser.parse_args(argv)
-    cache = Path(tempfile.mkdtemp(prefix="bench-clientapp-"))
-    cfg = json.loads(args.run_config)
-    node_config = {"partition-id": 0, "num-partitions": 2, "cache-dir": str(cache)}
-    weights = prepare(cfg, node_config, cache)
-    runs = [run_once(cfg, node_config, weights)[0] for _ in range(args.reps)]
-    print(f"{args.reps} fresh processes, load average {os.getloadavg()[0]:.1f}; medians (min-max), seconds")
-    print(f"{'phase':<20} {'wall':>18} {'cpu':>18}")
-    for phase in PHASES:
-        wall = [r[phase][0] for r in runs]
-        cpu = [r[phase][1] for r in runs]
-        print(f"{phase:<20} {statistics.median(wall):>6.3f} ({min(wall):.2f}-{max(wall):.2f}) "
-              f"{statistics.median(cpu):>6.3f} ({min(cpu):.2f}-{max(cpu):.2f})")
-    if args.imports:
-        _, stderr = run_once(cfg, node_config, weights, importtime=True)
-        print("\nmodules imported during the message (cumulative seconds, -X importtime):")
-        for seconds, name in lazy_imports(stderr):
-            print(f"  {seconds:7.3f}  {name}")
+    with tempfile.TemporaryDirectory(prefix="bench-clientapp-") as tmp:  # the timings are the result
+        cache = Path(tmp)
+        cfg = json.loads(args.run_config)
+        node_config = {"partition-id": 0, "num-partitions": 2, "cache-dir": str(cache)}
+        weights = prepare(cfg, node_config, cache)
+        runs = [run_once(cfg, node_config, weights)[0] for _ in range(args.reps)]
+        print(f"{args.reps} fresh processes, load average {os.getloadavg()[0]:.1f}; medians (min-max), seconds")
+        print(f"{'phase':<20} {'wall':>18} {'cpu':>18}")
+        for phase in PHASES:
+            wall = [r[phase][0] for r in runs]
+            cpu = [r[phase][1] for r in runs]
+            print(f"{phase:<20} {statistics.median(wall):>6.3f} ({min(wall):.2f}-{max(wall):.2f}) "
+                  f"{statistics.median(cpu):>6.3f} ({min(cpu):.2f}-{max(cpu):.2f})")
+        if args.imports:
+            _, stderr = run_once(cfg, node_config, weights, importtime=True)
+            print("\nmodules imported during the message (cumulative seconds, -X importtime):")
+            for seconds, name in lazy_imports(stderr):
+                print(f"  {seconds:7.3f}  {name}")
     if args.json:
         args.json.write_text(json.dumps(runs, indent=1))
     return 0

@@ -154,11 +154,14 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-deploy-"))
-    before = ", ".join(f"{v:.2f}" for v in os.getloadavg())
-    data = work / "bare-data"
-    bare_dir = bare_app(work / "bare-app", data, 2)
-    app = measure(ROOT, work / "app", args.rounds, {})
-    bare = measure(bare_dir, work / "bare", args.rounds, {DATA_ENV: str(data)})
+    try:  # the runs' folders: the table and --json are the results
+        before = ", ".join(f"{v:.2f}" for v in os.getloadavg())
+        data = work / "bare-data"
+        bare_dir = bare_app(work / "bare-app", data, 2)
+        app = measure(ROOT, work / "app", args.rounds, {})
+        bare = measure(bare_dir, work / "bare", args.rounds, {DATA_ENV: str(data)})
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     after = ", ".join(f"{v:.2f}" for v in os.getloadavg())
     text = markdown(app, bare, args.rounds, (before, after))
     print(text)

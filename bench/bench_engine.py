@@ -44,6 +44,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -132,7 +133,7 @@ def _computed(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def with_flwr(config: dict[str, Any], clients: int, steady_from: int, out: Path) -> dict[str, Any]:
-    with LocalSuperLink(Path(tempfile.mkdtemp(prefix="bench-engine-home-"))) as link:
+    with tempfile.TemporaryDirectory(prefix="bench-engine-home-") as home, LocalSuperLink(Path(home)) as link:
         t0 = time.perf_counter()
         run_id = link.submit(PROJECT_DIR, run_config={**config, "output-dir": str(out), "run-name": "flwr"},
                              federation_config={"num-supernodes": clients, "client-resources-num-cpus": 1})
@@ -285,23 +286,26 @@ def main() -> int:
     args = ap.parse_args()
     todo = args.only or ["fedavg", "fedconcat", "sweep"]
     work = Path(tempfile.mkdtemp(prefix="bench-engine-"))
-    data = {"dataset": "mnist10k", "data-dir": str(args.data_dir), "seed": 0}
-    results: dict[str, Any] = {"load_before": _load()}
-    if "fedavg" in todo:
-        config = {**data, "method": "fedavg", "local-epochs": 2, "num-server-rounds": args.rounds}
-        results["fedavg"] = engines({**config, "deterministic": True}, 10, 2, work / "fedavg", config,
-                                    default_threads=args.reps)
-    if "fedconcat" in todo:
-        config = {**data, "method": "fedavg", "local-epochs": 1, "protocol": "fedconcat", "fedconcat-clusters": 2,
-                  "fedconcat-encoder-rounds": 2, "num-server-rounds": 2 + args.head_rounds,
-                  "fedconcat-assignment": "0,1,0,1,0,1,0,1,0,1"}  # the same clusters in every engine
-        results["fedconcat"] = engines(config, 10, 4, work / "fedconcat", config)
-        kept = plain(config, 10, 4, script="bench/reference_heads.py")
-        results["fedconcat"]["plain_kept_features"] = kept
-        results["fedconcat"]["same_accuracy_kept_features"] = kept["accuracy"] == results["fedconcat"]["plain"]["accuracy"]
-    if "sweep" in todo:
-        results["sweep"] = sweep(work / "sweep")
-    results["load_after"] = _load()
+    try:  # the runs' folders: the tables and --json are the results
+        data = {"dataset": "mnist10k", "data-dir": str(args.data_dir), "seed": 0}
+        results: dict[str, Any] = {"load_before": _load()}
+        if "fedavg" in todo:
+            config = {**data, "method": "fedavg", "local-epochs": 2, "num-server-rounds": args.rounds}
+            results["fedavg"] = engines({**config, "deterministic": True}, 10, 2, work / "fedavg", config,
+                                        default_threads=args.reps)
+        if "fedconcat" in todo:
+            config = {**data, "method": "fedavg", "local-epochs": 1, "protocol": "fedconcat", "fedconcat-clusters": 2,
+                      "fedconcat-encoder-rounds": 2, "num-server-rounds": 2 + args.head_rounds,
+                      "fedconcat-assignment": "0,1,0,1,0,1,0,1,0,1"}  # the same clusters in every engine
+            results["fedconcat"] = engines(config, 10, 4, work / "fedconcat", config)
+            kept = plain(config, 10, 4, script="bench/reference_heads.py")
+            results["fedconcat"]["plain_kept_features"] = kept
+            results["fedconcat"]["same_accuracy_kept_features"] = kept["accuracy"] == results["fedconcat"]["plain"]["accuracy"]
+        if "sweep" in todo:
+            results["sweep"] = sweep(work / "sweep")
+        results["load_after"] = _load()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     text = markdown(results, args.rounds, args.head_rounds)
     print(text)
     if args.json:

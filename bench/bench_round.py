@@ -152,12 +152,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if link is not None:
             link.stop()
+        shutil.rmtree(work, ignore_errors=True)  # the runs: the tables in out_dir are the results
     table = build_tables(results, meta) + profile_tables(profiles, args.clients)
     (out_dir / "bench.md").write_text(table)
     (out_dir / "bench.json").write_text(json.dumps({"meta": meta, "results": results, "profiles": profiles}, indent=1))
     print(table)
     log(f"wrote {out_dir / 'bench.md'} and {out_dir / 'bench.json'}")
-    shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

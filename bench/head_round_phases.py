@@ -125,12 +125,12 @@ def measure(data_dir: Path, head_rounds: int) -> dict[str, Any]:
 
     spent: dict[tuple[str, int], float] = collections.defaultdict(float)
     _install_timers(spent)
-    config = {**workload(data_dir, head_rounds), "output-dir": tempfile.mkdtemp(prefix="head-round-phases-"),
-              "run-name": "phases"}
-    run = run_in_process(config, 10, client_cpus=1, workers=1)
     steady = steady_rounds(head_rounds)
+    with tempfile.TemporaryDirectory(prefix="head-round-phases-") as out:  # the table is the result, not the run
+        run = run_in_process({**workload(data_dir, head_rounds), "output-dir": out, "run-name": "phases"}, 10,
+                             client_cpus=1, workers=1)
+        seconds = [r["seconds"] for r in read_rounds(run.run_dir) if r["round"] in steady]
     per_round = {label: statistics.median(spent.get((label, r), 0.0) for r in steady) for _, _, label, _ in PHASES}
-    seconds = [r["seconds"] for r in read_rounds(run.run_dir) if r["round"] in steady]
     return {"per_round": per_round, "round_seconds": statistics.median(seconds), "head_rounds": head_rounds,
             "load": os.getloadavg()[0]}
 

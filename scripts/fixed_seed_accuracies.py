@@ -80,7 +80,7 @@ def main() -> None:
             from fedvls_flwr.ops.launch import LocalSuperLink
         except ImportError:  # a checkout that kept its launcher under app/
             from fedvls_flwr.app.launch import LocalSuperLink  # type: ignore[no-redef]
-        with LocalSuperLink(Path(tempfile.mkdtemp(prefix="fixed-seed-"))) as link:
+        with tempfile.TemporaryDirectory(prefix="fixed-seed-") as home, LocalSuperLink(Path(home)) as link:
             for config in runs.values():
                 outcome = link.wait(link.submit(args.project, run_config=config, federation_config=federation),
                                     timeout=1800)

@@ -75,11 +75,14 @@ def message_of(output: str, pick: str) -> str:
 
 
 def run_case(case: Case, tmp: Path) -> Result:
-    """Set the case up in ``tmp`` (not timed), run its command, read what it said."""
+    """Set the case up in ``tmp`` (not timed), run its command, read what it said.
+
+    The command's temporary folders go to ``tmp`` too (``TMPDIR``): ``deploy local`` keeps its
+    default work folder for the user to read, so each deployment measured left one in /tmp."""
     if case.setup is not None:
         case.setup(tmp)
     args = [a.replace("{tmp}", str(tmp)).replace("{data}", str(DATA)) for a in case.args]
-    env = {**os.environ, "FEDVLS_CACHE_DIR": str(tmp / ".cache"), "PYTHONWARNINGS": "ignore",
+    env = {**os.environ, "FEDVLS_CACHE_DIR": str(tmp / ".cache"), "PYTHONWARNINGS": "ignore", "TMPDIR": str(tmp),
            **{k: v.replace("{tmp}", str(tmp)) for k, v in case.env}}
     t0 = time.perf_counter()
     try:

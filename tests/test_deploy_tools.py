@@ -60,7 +60,7 @@ def test_port_range_parsing_says_what_is_wrong():
             parse_port_range(bad)
 
 
-def test_ports_come_from_the_range_skip_busy_and_handed_out_ones():
+def test_ports_come_from_the_range_skip_busy_and_handed_out_ones(tmp_path):
     with closing(socket.socket()) as busy:
         busy.bind(("127.0.0.1", 0))  # the range starts at a port the system gave this socket: busy for sure
         busy.listen()
@@ -69,7 +69,7 @@ def test_ports_come_from_the_range_skip_busy_and_handed_out_ones():
         first = free_port((lo, hi))
         assert lo < first <= hi  # lo is in use
         assert free_port((lo, hi), {first}) not in (lo, first)
-    link = LocalSuperLink(Path("/tmp") / f"fedvls-portrange-{os.getpid()}", simulation=False, port_range=(lo, hi))
+    link = LocalSuperLink(tmp_path, simulation=False, port_range=(lo, hi))
     ports = {link.port, *(link.new_port() for _ in range(5))}
     assert len(ports) == 6 and all(lo <= p <= hi for p in ports)
 
@@ -487,3 +487,22 @@ def test_a_finished_runs_log_is_read_until_its_last_lines_have_come(tmp_path, mo
     outcome = link.wait(7)
     assert outcome.completed and "round 3/3: accuracy 0.9\n" in outcome.log
     assert len(seen) == 4  # three reads that grew, one that agreed (the command's own lines aside)
+
+
+def test_the_launcher_names_its_default_work_folder_before_anything_can_fail(tmp_path, monkeypatch, capsys):
+    """The default work folder is kept (certificates, logs, results): a launch that fails at once
+    (here: no free port in --port-range) still says where it is, not a folder in /tmp nobody was told of."""
+    import tempfile
+
+    from fedvls_flwr.deploy.local import run_local
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with closing(socket.socket()) as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(PortRangeError):
+            run_local(1, secure=False, auth=False, port_range=(port, port))
+    made = list(tmp_path.iterdir())
+    assert [p.name[:len("fedvls-deploy-")] for p in made] == ["fedvls-deploy-"]
+    assert f"work folder {made[0].resolve()}" in capsys.readouterr().out

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.reliability_cases import CASES, FAULTS
+from scripts.reliability_cases import CASES, FAULTS, Case
 from scripts.reliability_table import PAGE, documented, read_rows, run_case
 
 FAST = [c for c in CASES if c.fast]
@@ -37,3 +37,12 @@ def test_the_page_stands_on_its_own():
     text = PAGE.read_text()
     assert text.startswith("# Reliability") and "## Measuring again" in text
     assert "<!-- inputs table" in text and "<!-- faults table" in text
+
+
+def test_a_case_keeps_its_temporary_folders_in_its_own(tmp_path: Path):
+    """A command's temporary folders (``deploy local``'s default work folder, ``tempfile.mkdtemp()``)
+    go to the case's folder, removed after the case: measuring the page left a /tmp/fedvls-deploy-*
+    of every deployment it ran."""
+    made = "import tempfile; print('made', tempfile.mkdtemp(prefix='fedvls-probe-'))"
+    result = run_case(Case("probe", "a temporary folder", ("-c", made), pick="^made "), tmp_path)
+    assert result.exit == 0 and result.message.startswith("made <tmp>/fedvls-probe-"), result.message

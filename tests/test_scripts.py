@@ -56,3 +56,56 @@ def test_the_gpu_step_bench_rehearses_on_the_cpu(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(out.read_text())
     assert results["round"]["round_s"] > 0 and results["round"]["clients_training_s"] > 0, results["round"]
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(not (ROOT.parent / "shared" / "data" / "MNIST" / "raw").is_dir(), reason="../shared/data/MNIST absent")
+def test_the_head_round_bench_leaves_no_temporary_folder(tmp_path: Path) -> None:
+    """bench/head_round_phases.py prints a table, not its run's folder: it removes that folder
+    (a /tmp/head-round-phases-* was left by every measurement)."""
+    import os
+    import subprocess
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.run([sys.executable, "bench/head_round_phases.py", "--head-rounds", "3"], cwd=ROOT,
+                          env={**os.environ, "TMPDIR": str(tmp)}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.name for p in tmp.iterdir()) == []
+
+
+
+#: (script, what its main() calls first that the test makes fail, its command line after the script)
+WORK_FOLDERS = [
+    ("bench/bench_engine.py", "sweep", ["--only", "sweep"]),
+    ("bench/bench_deploy.py", "bare_app", []),
+    ("bench/bench_clientapp.py", "prepare", []),
+    ("scripts/fixed_seed_accuracies.py", "fedvls_flwr.ops.launch.LocalSuperLink", ["{out}"]),
+    ("bench/bench_round.py", "LocalSuperLink", ["--variants", "app", "--output-dir", "{out}"]),
+]
+
+
+@pytest.mark.parametrize(("script", "first", "argv"), WORK_FOLDERS, ids=[w[0] for w in WORK_FOLDERS])
+def test_a_bench_removes_its_temporary_folders_when_a_run_fails(
+    script: str, first: str, argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """These print tables or JSON, never the folders they make with tempfile (runs, a SuperLink's
+    home, a data cache): they remove them, on a failure too (/tmp/bench-engine-* were left). The
+    run is stubbed: its first step fails."""
+    import tempfile
+
+    def fails(*args: object, **kwargs: object) -> None:
+        raise SystemExit("a run failed")
+
+    module = importlib.import_module(script.removesuffix(".py").replace("/", "."))
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    if "." in first:
+        monkeypatch.setattr(first, fails)  # imported by main() from its module
+    else:
+        monkeypatch.setattr(module, first, fails)
+    monkeypatch.setattr(sys, "argv", [script, *(a.replace("{out}", str(tmp_path / "out")) for a in argv)])
+    with pytest.raises(SystemExit, match="a run failed"):
+        module.main()
+    assert sorted(p.name for p in temp.iterdir()) == []

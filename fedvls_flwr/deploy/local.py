@@ -93,6 +93,7 @@ def run_local(
         raise ValueError("the fence needs TLS: drop --insecure or add --no-fence")
     if fence:
         require_nginx()  # before anything starts
+    made = workdir is None
     workdir = Path(workdir or tempfile.mkdtemp(prefix="fedvls-deploy-")).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     configs = configs or [{"partition-id": i, "num-partitions": nodes} for i in range(nodes)]
@@ -106,6 +107,8 @@ def run_local(
     run_dir = Path(os.path.expanduser(str(run_config["output-dir"]))) / str(run_config["run-name"])
 
     say = print if echo else (lambda *a, **k: None)
+    if made:  # kept afterwards, whatever happens next: said before anything can fail
+        say(f"[deploy] work folder {workdir} (certificates, logs and results; kept afterwards)")
     link = LocalSuperLink(
         workdir / "flwr", simulation=False, env_extra=dict(env_extra or {}), port_range=port_range,
     )
