@@ -371,3 +371,84 @@ def test_a_stopped_sweep_counts_its_runs_another_preset_finished(tmp_path):
     (out / "other-presets-name" / SUMMARY_FILE).write_text('{"status": "completed"}')
     assert sweep.kept_after_stop(preset, out, [str(path)]).startswith(f"2 of 3 runs are finished in {out}")
     assert sweep.sweep_report_dir(preset, out) == out / "report" / "p"
+
+
+@pytest.mark.parametrize("engine", ["flwr", "inprocess"])
+def test_a_run_another_sweep_finished_meanwhile_is_skipped_not_run_again(tmp_path, monkeypatch, engine):
+    """Two sweeps of one preset on one folder: by the time this one reaches its second run, the
+    other has finished it. Started with resume=true it ran again with no round left and rewrote
+    that run's summary.json and final model as its own (wall_seconds 0.1 s, resumed_after_round
+    = the last round); it is skipped instead, as a run finished before the sweep started is."""
+    import json
+
+    from fedvls_flwr.experiments import sweep
+    from fedvls_flwr.ops import run_pool
+
+    path = tmp_path / "p.yaml"
+    path.write_text("base: {dataset: digits, num-server-rounds: 2}\ngrid: {method: [fedavg, fedvls]}\n"
+                    "federation: {num-supernodes: 2, client-resources-num-cpus: 1}\n")
+    preset = load_preset(path)
+    first, second = (r["run-name"] for r in preset.runs)
+    out = tmp_path / "out"
+    theirs = {"status": "completed", "config": {}, "wall_seconds": 7.0}
+    started: list[str] = []
+
+    def run(name: str) -> None:
+        """This sweep runs ``name``; meanwhile the other sweep finishes the second run."""
+        started.append(name)
+        (out / name / "summary.json").write_text(json.dumps({"status": "completed", "best_accuracy": 0.5,
+                                                             "best_round": 2, "final_accuracy": 0.5}))
+        (out / second).mkdir(exist_ok=True)
+        if name != second:
+            (out / second / "summary.json").write_text(json.dumps(theirs))
+
+    class Pool:
+        def __init__(self, **kwargs):
+            self.busy = []
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        @property
+        def free(self):
+            return 1 - len(self.busy)
+
+        def submit(self, job):
+            run(job.key)
+            self.busy.append(job)
+
+        def wait(self, poll=0.5):
+            while self.busy:
+                yield run_pool.Outcome(self.busy.pop().key, "completed")
+
+    class Outcome:
+        status, completed, log = "completed", True, ""
+
+    class Link:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def submit(self, app, run_config, federation_config):
+            run(run_config["run-name"])
+            return 1
+
+        def wait(self, run_id, timeout):
+            return Outcome()
+
+    monkeypatch.setattr(run_pool, "RunPool", Pool)
+    monkeypatch.setattr(sweep, "LocalSuperLink", Link)
+    logs: list[str] = []
+    result = sweep.run_preset(preset, out, report=False, engine=engine, shared_ray=False, log=logs.append)
+    assert started == [first], logs
+    assert result["statuses"] == {first: "completed", second: "skipped (finished meanwhile, by another process)"}
+    assert json.loads((out / second / "summary.json").read_text()) == theirs  # not rewritten
+    assert any(f"{second}: finished meanwhile by another process" in line for line in logs), logs

@@ -311,6 +311,18 @@ def _record_start(output_dir: Path, run_config: dict[str, Any], federation: dict
     return name
 
 
+def _finished_meanwhile(output_dir: Path, name: str, statuses: dict[str, str], log: Callable[[str], None]) -> bool:
+    """Whether run ``name`` got a summary.json after this sweep planned it (another sweep on the
+    same folder finished it): then it is skipped as the plan skips a finished run. Started
+    with resume=true it would run again with no round left and rewrite that run's summary.json
+    and final model as this sweep's (its wall_seconds those of a run that trained nothing)."""
+    if not (output_dir / name / SUMMARY_FILE).exists():
+        return False
+    statuses[name] = "skipped (finished meanwhile, by another process)"
+    log(f"[sweep]     {name}: finished meanwhile by another process (another sweep on {output_dir}?); skipped")
+    return True
+
+
 def _said_done(output_dir: Path, name: str, seconds: float, log: Callable[[str], None]) -> None:
     s = json.loads((output_dir / name / SUMMARY_FILE).read_text())
     log(f"[sweep]     {name}: best {100 * s['best_accuracy']:.2f}% (round {s['best_round']}), "
@@ -338,6 +350,8 @@ def _run_with_flwr(todo: list, planned: list, output_dir: Path, statuses: dict[s
             link = stack.enter_context(LocalSuperLink(home, port_range=port_range, env_extra=env_extra))
             app = app_folder(output_dir / ".flwr-app")  # the checkout, or (an installed package) a folder naming it
             for i, (run_config, federation, identity) in enumerate(todo, 1):
+                if _finished_meanwhile(output_dir, run_config["run-name"], statuses, log):
+                    continue
                 t0 = time.perf_counter()
                 name = _record_start(output_dir, run_config, federation, identity)
                 log(f"[sweep] ({i}/{len(todo)}) {name} ...")
@@ -423,6 +437,9 @@ def _run_in_process(todo: list, planned: list, output_dir: Path, statuses: dict[
             while pending or pool.free < parallel:
                 while pending and pool.free > 0:
                     job = pending.pop(0)
+                    if _finished_meanwhile(output_dir, job.key, statuses, log):
+                        done += 1
+                        continue
                     _record_start(output_dir, *started[job.key])  # the folder appears when its run starts
                     log(f"[sweep] ({index[job.key] + 1}/{len(jobs)}) {job.key} ...")
                     if progress is not None:
