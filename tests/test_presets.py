@@ -1,5 +1,6 @@
 """Every preset in conf/ loads and validates (no SuperLink is started)."""
 
+import os
 import tomllib
 from pathlib import Path
 
@@ -373,14 +374,18 @@ def test_a_stopped_sweep_counts_its_runs_another_preset_finished(tmp_path):
     assert sweep.sweep_report_dir(preset, out) == out / "report" / "p"
 
 
+@pytest.mark.parametrize("other", ["finished", "running"])
 @pytest.mark.parametrize("engine", ["flwr", "inprocess"])
-def test_a_run_another_sweep_finished_meanwhile_is_skipped_not_run_again(tmp_path, monkeypatch, engine):
+def test_a_run_another_sweep_took_meanwhile_is_not_started_again(tmp_path, monkeypatch, engine, other):
     """Two sweeps of one preset on one folder: by the time this one reaches its second run, the
-    other has finished it. Started with resume=true it ran again with no round left and rewrote
-    that run's summary.json and final model as its own (wall_seconds 0.1 s, resumed_after_round
-    = the last round); it is skipped instead, as a run finished before the sweep started is."""
+    other has finished it, or runs it (holds its run.lock: it may be writing its summary). Started
+    with resume=true it took the folder once the other let go, ran with no round left and
+    rewrote that run's summary.json and final model as its own (wall_seconds 0.1 s,
+    resumed_after_round = the last round). It is not started: a finished one is skipped, as a
+    run finished before the sweep started is; a running one is the refusal it would have met."""
     import json
 
+    from fedvls_flwr.app.results import RunFolderLock
     from fedvls_flwr.experiments import sweep
     from fedvls_flwr.ops import run_pool
 
@@ -392,15 +397,20 @@ def test_a_run_another_sweep_finished_meanwhile_is_skipped_not_run_again(tmp_pat
     out = tmp_path / "out"
     theirs = {"status": "completed", "config": {}, "wall_seconds": 7.0}
     started: list[str] = []
+    held: list[RunFolderLock] = []
 
     def run(name: str) -> None:
-        """This sweep runs ``name``; meanwhile the other sweep finishes the second run."""
+        """This sweep runs ``name``; meanwhile the other sweep takes the second run."""
         started.append(name)
         (out / name / "summary.json").write_text(json.dumps({"status": "completed", "best_accuracy": 0.5,
                                                              "best_round": 2, "final_accuracy": 0.5}))
-        (out / second).mkdir(exist_ok=True)
-        if name != second:
+        if name == second:
+            return
+        if other == "finished":
+            (out / second).mkdir(exist_ok=True)
             (out / second / "summary.json").write_text(json.dumps(theirs))
+        else:
+            held.append(RunFolderLock(out / second, resume=True).acquire())
 
     class Pool:
         def __init__(self, **kwargs):
@@ -447,8 +457,17 @@ def test_a_run_another_sweep_finished_meanwhile_is_skipped_not_run_again(tmp_pat
     monkeypatch.setattr(run_pool, "RunPool", Pool)
     monkeypatch.setattr(sweep, "LocalSuperLink", Link)
     logs: list[str] = []
-    result = sweep.run_preset(preset, out, report=False, engine=engine, shared_ray=False, log=logs.append)
+    try:
+        result = sweep.run_preset(preset, out, report=False, engine=engine, shared_ray=False, log=logs.append)
+    finally:
+        for lock in held:
+            lock.release()
     assert started == [first], logs
-    assert result["statuses"] == {first: "completed", second: "skipped (finished meanwhile, by another process)"}
-    assert json.loads((out / second / "summary.json").read_text()) == theirs  # not rewritten
-    assert any(f"{second}: finished meanwhile by another process" in line for line in logs), logs
+    if other == "finished":
+        assert result["statuses"] == {first: "completed", second: "skipped (finished meanwhile, by another process)"}
+        assert json.loads((out / second / "summary.json").read_text()) == theirs  # not rewritten
+        assert any(f"{second}: finished meanwhile by another process" in line for line in logs), logs
+    else:
+        assert result["statuses"][second] == "failed (its run folder is in use by another process)"
+        assert any(f"{second}: not started: resume: the run in {out / second} is still going (pid {os.getpid()}"
+                   in line for line in logs), logs

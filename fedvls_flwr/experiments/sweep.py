@@ -311,16 +311,26 @@ def _record_start(output_dir: Path, run_config: dict[str, Any], federation: dict
     return name
 
 
-def _finished_meanwhile(output_dir: Path, name: str, statuses: dict[str, str], log: Callable[[str], None]) -> bool:
-    """Whether run ``name`` got a summary.json after this sweep planned it (another sweep on the
-    same folder finished it): then it is skipped as the plan skips a finished run. Started
-    with resume=true it would run again with no round left and rewrite that run's summary.json
-    and final model as this sweep's (its wall_seconds those of a run that trained nothing)."""
-    if not (output_dir / name / SUMMARY_FILE).exists():
-        return False
-    statuses[name] = "skipped (finished meanwhile, by another process)"
-    log(f"[sweep]     {name}: finished meanwhile by another process (another sweep on {output_dir}?); skipped")
-    return True
+def _taken_meanwhile(output_dir: Path, name: str, statuses: dict[str, str], log: Callable[[str], None]) -> bool:
+    """Whether another process (another sweep on the same folder) has taken run ``name`` since
+    this sweep planned it: it runs it now (it holds the folder's run.lock), or it finished it
+    (summary.json). The first is said as the refusal the run would meet; the second is skipped
+    as the plan skips a finished run. Asked in that order: the lock is held until the summary is
+    written, so a run is never submitted in between - where, started with resume=true, it took
+    the folder the moment the other let go and ran again with no round left, rewriting that
+    run's summary.json (wall_seconds 0.1 s, resumed_after_round the last round) and model."""
+    from fedvls_flwr.app.results import busy_message, lock_holder
+
+    run_dir = output_dir / name
+    if (holder := lock_holder(run_dir)) is not None:
+        statuses[name] = "failed (its run folder is in use by another process)"
+        log(f"[sweep]     {name}: not started: {busy_message(run_dir, holder, resume=True)}")
+        return True
+    if (run_dir / SUMMARY_FILE).exists():
+        statuses[name] = "skipped (finished meanwhile, by another process)"
+        log(f"[sweep]     {name}: finished meanwhile by another process (another sweep on {output_dir}?); skipped")
+        return True
+    return False
 
 
 def _said_done(output_dir: Path, name: str, seconds: float, log: Callable[[str], None]) -> None:
@@ -350,7 +360,7 @@ def _run_with_flwr(todo: list, planned: list, output_dir: Path, statuses: dict[s
             link = stack.enter_context(LocalSuperLink(home, port_range=port_range, env_extra=env_extra))
             app = app_folder(output_dir / ".flwr-app")  # the checkout, or (an installed package) a folder naming it
             for i, (run_config, federation, identity) in enumerate(todo, 1):
-                if _finished_meanwhile(output_dir, run_config["run-name"], statuses, log):
+                if _taken_meanwhile(output_dir, run_config["run-name"], statuses, log):
                     continue
                 t0 = time.perf_counter()
                 name = _record_start(output_dir, run_config, federation, identity)
@@ -437,7 +447,7 @@ def _run_in_process(todo: list, planned: list, output_dir: Path, statuses: dict[
             while pending or pool.free < parallel:
                 while pending and pool.free > 0:
                     job = pending.pop(0)
-                    if _finished_meanwhile(output_dir, job.key, statuses, log):
+                    if _taken_meanwhile(output_dir, job.key, statuses, log):
                         done += 1
                         continue
                     _record_start(output_dir, *started[job.key])  # the folder appears when its run starts
