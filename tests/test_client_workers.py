@@ -732,3 +732,27 @@ def test_ctrl_c_while_a_worker_starts_up_is_ignored_by_it_from_its_first_import(
                 worker.kill()
     assert b"KeyboardInterrupt" not in err, err.decode()[-2000:]
     assert said is not None and said[0] == "ready", said
+
+
+def test_a_sweeps_run_whose_worker_process_is_killed_is_said_to_be_kept(tmp_path):
+    """A run-pool worker killed mid-run (SIGKILL, the out-of-memory killer): the sweep goes on to
+    its next run, so its line for this one must say what happened and that nothing is lost -
+    it said "the worker process ended (exit code -9)", neither the signal nor that the run's
+    saved rounds are kept and resumed by the same command."""
+    import multiprocessing
+
+    from fedvls_flwr.ops.run_pool import Job, RunPool
+
+    job = Job("r", {"dataset": "digits", "num-server-rounds": 2, "output-dir": str(tmp_path), "run-name": "r"}, 2, 1.0,
+              tmp_path / "r" / "run.log", 120.0)
+    with RunPool(workers=1) as pool:
+        pool.submit(job)
+        (worker,) = [p for p in multiprocessing.active_children() if p.name == "fedvls-run-worker"]
+        os.kill(worker.pid, signal.SIGKILL)
+        outcomes = []
+        while not outcomes:
+            outcomes += pool.wait(poll=0.5)
+    (outcome,) = outcomes
+    assert outcome.key == "r" and outcome.status == "failed"
+    assert outcome.error == ("its worker process was killed by SIGKILL while it ran (killed, or out of memory?); what "
+                             "it saved is kept and the sweep resumes it next time")

@@ -119,6 +119,15 @@ class _output_to:  # noqa: N801 - a context manager
             os.close(saved)
 
 
+def _died(code: int | None) -> str:
+    """What the sweep says of a run whose worker process died: by which signal, and that the
+    run is not lost (a bare "exit code -9" said neither, and the sweep went on to its next run)."""
+    how = (f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0
+           else f"ended (exit code {code})")
+    return (f"its worker process {how} while it ran (killed, or out of memory?); what it saved is kept and the "
+            "sweep resumes it next time")
+
+
 @dataclass
 class _Worker:
     process: Any
@@ -177,9 +186,8 @@ class RunPool:
                 try:
                     outcome: Outcome = worker.conn.recv()
                 except (EOFError, OSError):  # the worker died (killed, out of memory)
-                    outcome = Outcome(job.key, "failed", f"the worker process ended (exit code "
-                                                         f"{worker.process.exitcode}); see {job.log}")
                     self._stop(worker)
+                    outcome = Outcome(job.key, "failed", _died(worker.process.exitcode))
                 else:
                     worker.job = None
                     self._idle.append(worker)
