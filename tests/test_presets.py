@@ -471,3 +471,23 @@ def test_a_run_another_sweep_took_meanwhile_is_not_started_again(tmp_path, monke
         assert result["statuses"][second] == "failed (its run folder is in use by another process)"
         assert any(f"{second}: not started: resume: the run in {out / second} is still going (pid {os.getpid()}"
                    in line for line in logs), logs
+
+
+def test_a_sweep_stopped_in_its_report_says_the_command_writes_the_report(tmp_path):
+    """Ctrl-C while the sweep wrote its report (every run finished) said "3 of 3 runs are finished
+    ..., and a run stopped midway keeps its saved rounds; to continue (... the others resume)":
+    no run was midway, and the report it had not written was not named."""
+    from fedvls_flwr.app.results import SUMMARY_FILE
+    from fedvls_flwr.experiments import sweep
+
+    path = tmp_path / "p.yaml"
+    path.write_text("name: p\nbase: {dataset: digits}\ngrid: {method: [fedavg, fedvls]}\n"
+                    "federation: {num-supernodes: 4}\n")
+    preset = load_preset(path)
+    out = tmp_path / "out"
+    for run in preset.runs:
+        (out / run["run-name"]).mkdir(parents=True)
+        (out / run["run-name"] / SUMMARY_FILE).write_text('{"status": "completed"}')
+    assert sweep.kept_after_stop(preset, out, [str(path), "-o", str(out)]) == (
+        f"all 2 runs are finished in {out}; to write its report ({out / 'report' / 'p'}; the finished runs are "
+        f"skipped): fedvls sweep {path} -o {out}")

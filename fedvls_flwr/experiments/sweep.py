@@ -477,7 +477,9 @@ def _run_in_process(todo: list, planned: list, output_dir: Path, statuses: dict[
 
 def kept_after_stop(preset: Preset, output_dir: Path, argv: list[str]) -> str:
     """What a stopped sweep keeps (its finished runs, the last saved round of the one going) and
-    the command that continues it (the same one: finished runs are skipped, the others resume)."""
+    the command that continues it (the same one: finished runs are skipped, the others resume).
+    Stopped with every run finished (in its report): that the same command writes the report,
+    not a run "stopped midway" that there is not."""
     from fedvls_flwr.ops.processes import shell_word
 
     names = [r["run-name"] for r in preset.runs]
@@ -487,6 +489,9 @@ def kept_after_stop(preset: Preset, output_dir: Path, argv: list[str]) -> str:
         identity = _run_identity(preset, overrides)[2]
         finished += _completed(output_dir / overrides["run-name"]) or _identity_key(identity) in twins
     again = " ".join(["fedvls", "sweep", *map(shell_word, argv)])
+    if finished == len(names):  # stopped in its report: no run is midway, the report may be missing or partial
+        return (f"all {_runs(len(names))} are finished in {output_dir}; to write its report "
+                f"({sweep_report_dir(preset, output_dir)}; the finished runs are skipped): {again}")
     return (f"{finished} of {len(names)} runs are finished in {output_dir}, and a run stopped midway keeps its "
             f"saved rounds; to continue (finished runs are skipped, the others resume): {again}")
 
