@@ -691,3 +691,68 @@ def test_a_sweep_caps_parallel_at_the_machines_room_and_says_each_runs_share():
     assert parallel == 2 and "each with 8 cores, 0.5 of cuda:0" in said[-1] and "2 workers: 2 on cuda:0" in said[-1]
     with pytest.raises(PresetError, match="this machine has no GPU.*client-resources-num-gpus out \\(or 0\\) to train on"):
         machine_shares(gpu, 1, said.append, Machine(2))
+
+
+def test_ctrl_c_while_a_worker_starts_up_is_ignored_by_it_from_its_first_import():
+    """Ctrl-C reaches the whole foreground group, the client workers too: a worker still
+    importing flwr and numpy (the first second of `fedvls run`) printed a KeyboardInterrupt
+    traceback under the run's one line, because it ignored SIGINT only once worker_main ran.
+    Ctrl-C during the import (numpy already mapped) leaves it starting up to ready."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    from multiprocessing.connection import Connection
+
+    from fedvls_flwr.ops.client_worker import WORKER_CODE
+
+    ours, theirs = socket.socketpair()
+    worker = subprocess.Popen([sys.executable, "-c", WORKER_CODE, str(theirs.fileno()), "1", "tests.worker_apps:app"],
+                              pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+    theirs.close()
+    conn = Connection(ours.detach())
+    try:
+        deadline = time.monotonic() + 60
+        while b"numpy" not in Path(f"/proc/{worker.pid}/maps").read_bytes():  # inside the import now
+            assert worker.poll() is None and time.monotonic() < deadline
+            time.sleep(0.001)
+        while not conn.poll(0.01):  # Ctrl-C, again and again, until it is ready (or gone)
+            if worker.poll() is not None:
+                break
+            os.kill(worker.pid, signal.SIGINT)
+            assert time.monotonic() < deadline
+        said = conn.recv() if worker.poll() is None else None
+    finally:
+        conn.close()  # the worker ends when its parent's end closes
+        try:
+            _, err = worker.communicate(timeout=30)
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+    assert b"KeyboardInterrupt" not in err, err.decode()[-2000:]
+    assert said is not None and said[0] == "ready", said
+
+
+def test_a_sweeps_run_whose_worker_process_is_killed_is_said_to_be_kept(tmp_path):
+    """A run-pool worker killed mid-run (SIGKILL, the out-of-memory killer): the sweep goes on to
+    its next run, so its line for this one must say what happened and that nothing is lost -
+    it said "the worker process ended (exit code -9)", neither the signal nor that the run's
+    saved rounds are kept and resumed by the same command."""
+    import multiprocessing
+
+    from fedvls_flwr.ops.run_pool import Job, RunPool
+
+    job = Job("r", {"dataset": "digits", "num-server-rounds": 2, "output-dir": str(tmp_path), "run-name": "r"}, 2, 1.0,
+              tmp_path / "r" / "run.log", 120.0)
+    with RunPool(workers=1) as pool:
+        pool.submit(job)
+        (worker,) = [p for p in multiprocessing.active_children() if p.name == "fedvls-run-worker"]
+        os.kill(worker.pid, signal.SIGKILL)
+        outcomes = []
+        while not outcomes:
+            outcomes += pool.wait(poll=0.5)
+    (outcome,) = outcomes
+    assert outcome.key == "r" and outcome.status == "failed"
+    assert outcome.error == ("its worker process was killed by SIGKILL while it ran (killed, or out of memory?); what "
+                             "it saved is kept and the sweep resumes it next time")

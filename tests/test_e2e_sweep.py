@@ -344,3 +344,32 @@ def test_ctrl_c_stops_fedvls_run_with_one_line_and_its_command_continues_the_run
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"resuming after round {saved} of 6" in again.stderr
     assert [r["round"] for r in read_rounds(run_dir)] == list(range(7))
+
+
+def test_a_run_the_sweep_stops_midway_releases_its_folder(tmp_path):
+    """The sweep stops a busy run-pool worker with SIGTERM (on Ctrl-C, ``kill``, --timeout). The
+    worker died on the spot: run.lock stayed in the run folder, and the resumed run warned that it
+    took over the lock of a run "stopped without releasing the folder (killed?)". It unwinds now:
+    the ServerApp releases the folder, the client workers are stopped, the worker exits 143."""
+    import multiprocessing
+
+    from fedvls_flwr.app.results import LOCK_FILE
+    from fedvls_flwr.ops.run_pool import Job, RunPool
+    from tests.processes import wait_for_saved_round
+
+    run_dir = tmp_path / "r"
+    job = Job("r", {"dataset": "digits", "local-epochs": 1, "num-server-rounds": ROUNDS_TO_INTERRUPT,
+                    "output-dir": str(tmp_path), "run-name": "r"}, 3, 1.0, run_dir / "run.log", RUN_TIMEOUT)
+    pool = RunPool(workers=1)
+    try:
+        pool.submit(job)
+        (worker,) = [p for p in multiprocessing.active_children() if p.name == "fedvls-run-worker"]
+        wait_for_saved_round(run_dir, 1, explain=lambda: job.log.read_text()[-3000:] if job.log.exists() else "")
+        clients = descendants(worker.pid)
+        assert (run_dir / LOCK_FILE).exists() and clients
+    finally:
+        pool.close()
+    assert worker.exitcode == 128 + 15, job.log.read_text()[-3000:]
+    assert not (run_dir / LOCK_FILE).exists()
+    assert "Traceback" not in job.log.read_text()
+    assert_none_left(clients, tmp_path)

@@ -1,5 +1,6 @@
 """Every preset in conf/ loads and validates (no SuperLink is started)."""
 
+import os
 import tomllib
 from pathlib import Path
 
@@ -371,3 +372,122 @@ def test_a_stopped_sweep_counts_its_runs_another_preset_finished(tmp_path):
     (out / "other-presets-name" / SUMMARY_FILE).write_text('{"status": "completed"}')
     assert sweep.kept_after_stop(preset, out, [str(path)]).startswith(f"2 of 3 runs are finished in {out}")
     assert sweep.sweep_report_dir(preset, out) == out / "report" / "p"
+
+
+@pytest.mark.parametrize("other", ["finished", "running"])
+@pytest.mark.parametrize("engine", ["flwr", "inprocess"])
+def test_a_run_another_sweep_took_meanwhile_is_not_started_again(tmp_path, monkeypatch, engine, other):
+    """Two sweeps of one preset on one folder: by the time this one reaches its second run, the
+    other has finished it, or runs it (holds its run.lock: it may be writing its summary). Started
+    with resume=true it took the folder once the other let go, ran with no round left and
+    rewrote that run's summary.json and final model as its own (wall_seconds 0.1 s,
+    resumed_after_round = the last round). It is not started: a finished one is skipped, as a
+    run finished before the sweep started is; a running one is the refusal it would have met."""
+    import json
+
+    from fedvls_flwr.app.results import RunFolderLock
+    from fedvls_flwr.experiments import sweep
+    from fedvls_flwr.ops import run_pool
+
+    path = tmp_path / "p.yaml"
+    path.write_text("base: {dataset: digits, num-server-rounds: 2}\ngrid: {method: [fedavg, fedvls]}\n"
+                    "federation: {num-supernodes: 2, client-resources-num-cpus: 1}\n")
+    preset = load_preset(path)
+    first, second = (r["run-name"] for r in preset.runs)
+    out = tmp_path / "out"
+    theirs = {"status": "completed", "config": {}, "wall_seconds": 7.0}
+    started: list[str] = []
+    held: list[RunFolderLock] = []
+
+    def run(name: str) -> None:
+        """This sweep runs ``name``; meanwhile the other sweep takes the second run."""
+        started.append(name)
+        (out / name / "summary.json").write_text(json.dumps({"status": "completed", "best_accuracy": 0.5,
+                                                             "best_round": 2, "final_accuracy": 0.5}))
+        if name == second:
+            return
+        if other == "finished":
+            (out / second).mkdir(exist_ok=True)
+            (out / second / "summary.json").write_text(json.dumps(theirs))
+        else:
+            held.append(RunFolderLock(out / second, resume=True).acquire())
+
+    class Pool:
+        def __init__(self, **kwargs):
+            self.busy = []
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        @property
+        def free(self):
+            return 1 - len(self.busy)
+
+        def submit(self, job):
+            run(job.key)
+            self.busy.append(job)
+
+        def wait(self, poll=0.5):
+            while self.busy:
+                yield run_pool.Outcome(self.busy.pop().key, "completed")
+
+    class Outcome:
+        status, completed, log = "completed", True, ""
+
+    class Link:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def submit(self, app, run_config, federation_config):
+            run(run_config["run-name"])
+            return 1
+
+        def wait(self, run_id, timeout):
+            return Outcome()
+
+    monkeypatch.setattr(run_pool, "RunPool", Pool)
+    monkeypatch.setattr(sweep, "LocalSuperLink", Link)
+    logs: list[str] = []
+    try:
+        result = sweep.run_preset(preset, out, report=False, engine=engine, shared_ray=False, log=logs.append)
+    finally:
+        for lock in held:
+            lock.release()
+    assert started == [first], logs
+    if other == "finished":
+        assert result["statuses"] == {first: "completed", second: "skipped (finished meanwhile, by another process)"}
+        assert json.loads((out / second / "summary.json").read_text()) == theirs  # not rewritten
+        assert any(f"{second}: finished meanwhile by another process" in line for line in logs), logs
+    else:
+        assert result["statuses"][second] == "failed (its run folder is in use by another process)"
+        assert any(f"{second}: not started: resume: the run in {out / second} is still going (pid {os.getpid()}"
+                   in line for line in logs), logs
+
+
+def test_a_sweep_stopped_in_its_report_says_the_command_writes_the_report(tmp_path):
+    """Ctrl-C while the sweep wrote its report (every run finished) said "3 of 3 runs are finished
+    ..., and a run stopped midway keeps its saved rounds; to continue (... the others resume)":
+    no run was midway, and the report it had not written was not named."""
+    from fedvls_flwr.app.results import SUMMARY_FILE
+    from fedvls_flwr.experiments import sweep
+
+    path = tmp_path / "p.yaml"
+    path.write_text("name: p\nbase: {dataset: digits}\ngrid: {method: [fedavg, fedvls]}\n"
+                    "federation: {num-supernodes: 4}\n")
+    preset = load_preset(path)
+    out = tmp_path / "out"
+    for run in preset.runs:
+        (out / run["run-name"]).mkdir(parents=True)
+        (out / run["run-name"] / SUMMARY_FILE).write_text('{"status": "completed"}')
+    assert sweep.kept_after_stop(preset, out, [str(path), "-o", str(out)]) == (
+        f"all 2 runs are finished in {out}; to write its report ({out / 'report' / 'p'}; the finished runs are "
+        f"skipped): fedvls sweep {path} -o {out}")

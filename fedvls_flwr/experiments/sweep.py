@@ -311,6 +311,28 @@ def _record_start(output_dir: Path, run_config: dict[str, Any], federation: dict
     return name
 
 
+def _taken_meanwhile(output_dir: Path, name: str, statuses: dict[str, str], log: Callable[[str], None]) -> bool:
+    """Whether another process (another sweep on the same folder) has taken run ``name`` since
+    this sweep planned it: it runs it now (it holds the folder's run.lock), or it finished it
+    (summary.json). The first is said as the refusal the run would meet; the second is skipped
+    as the plan skips a finished run. Asked in that order: the lock is held until the summary is
+    written, so a run is never submitted in between - where, started with resume=true, it took
+    the folder the moment the other let go and ran again with no round left, rewriting that
+    run's summary.json (wall_seconds 0.1 s, resumed_after_round the last round) and model."""
+    from fedvls_flwr.app.results import busy_message, lock_holder
+
+    run_dir = output_dir / name
+    if (holder := lock_holder(run_dir)) is not None:
+        statuses[name] = "failed (its run folder is in use by another process)"
+        log(f"[sweep]     {name}: not started: {busy_message(run_dir, holder, resume=True)}")
+        return True
+    if (run_dir / SUMMARY_FILE).exists():
+        statuses[name] = "skipped (finished meanwhile, by another process)"
+        log(f"[sweep]     {name}: finished meanwhile by another process (another sweep on {output_dir}?); skipped")
+        return True
+    return False
+
+
 def _said_done(output_dir: Path, name: str, seconds: float, log: Callable[[str], None]) -> None:
     s = json.loads((output_dir / name / SUMMARY_FILE).read_text())
     log(f"[sweep]     {name}: best {100 * s['best_accuracy']:.2f}% (round {s['best_round']}), "
@@ -338,6 +360,8 @@ def _run_with_flwr(todo: list, planned: list, output_dir: Path, statuses: dict[s
             link = stack.enter_context(LocalSuperLink(home, port_range=port_range, env_extra=env_extra))
             app = app_folder(output_dir / ".flwr-app")  # the checkout, or (an installed package) a folder naming it
             for i, (run_config, federation, identity) in enumerate(todo, 1):
+                if _taken_meanwhile(output_dir, run_config["run-name"], statuses, log):
+                    continue
                 t0 = time.perf_counter()
                 name = _record_start(output_dir, run_config, federation, identity)
                 log(f"[sweep] ({i}/{len(todo)}) {name} ...")
@@ -423,6 +447,9 @@ def _run_in_process(todo: list, planned: list, output_dir: Path, statuses: dict[
             while pending or pool.free < parallel:
                 while pending and pool.free > 0:
                     job = pending.pop(0)
+                    if _taken_meanwhile(output_dir, job.key, statuses, log):
+                        done += 1
+                        continue
                     _record_start(output_dir, *started[job.key])  # the folder appears when its run starts
                     log(f"[sweep] ({index[job.key] + 1}/{len(jobs)}) {job.key} ...")
                     if progress is not None:
@@ -450,7 +477,9 @@ def _run_in_process(todo: list, planned: list, output_dir: Path, statuses: dict[
 
 def kept_after_stop(preset: Preset, output_dir: Path, argv: list[str]) -> str:
     """What a stopped sweep keeps (its finished runs, the last saved round of the one going) and
-    the command that continues it (the same one: finished runs are skipped, the others resume)."""
+    the command that continues it (the same one: finished runs are skipped, the others resume).
+    Stopped with every run finished (in its report): that the same command writes the report,
+    not a run "stopped midway" that there is not."""
     from fedvls_flwr.ops.processes import shell_word
 
     names = [r["run-name"] for r in preset.runs]
@@ -460,6 +489,9 @@ def kept_after_stop(preset: Preset, output_dir: Path, argv: list[str]) -> str:
         identity = _run_identity(preset, overrides)[2]
         finished += _completed(output_dir / overrides["run-name"]) or _identity_key(identity) in twins
     again = " ".join(["fedvls", "sweep", *map(shell_word, argv)])
+    if finished == len(names):  # stopped in its report: no run is midway, the report may be missing or partial
+        return (f"all {_runs(len(names))} are finished in {output_dir}; to write its report "
+                f"({sweep_report_dir(preset, output_dir)}; the finished runs are skipped): {again}")
     return (f"{finished} of {len(names)} runs are finished in {output_dir}, and a run stopped midway keeps its "
             f"saved rounds; to continue (finished runs are skipped, the others resume): {again}")
 

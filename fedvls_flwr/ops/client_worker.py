@@ -362,8 +362,11 @@ class _Frames:
 
 # ---- the worker process ------------------------------------------------------------------
 #: What a worker process runs: ``python -c WORKER_CODE FD THREADS APP`` (no ``multiprocessing``
-#: spawn, which would import the caller's main script again in every worker).
-WORKER_CODE = "import sys; from fedvls_flwr.ops.client_worker import worker_main; worker_main(*sys.argv[1:])"
+#: spawn, which would import the caller's main script again in every worker). Ctrl-C is ignored
+#: first thing, before the imports: a terminal's Ctrl-C reaches the workers too, and one still
+#: importing flwr and numpy printed a KeyboardInterrupt traceback under the run's one line.
+WORKER_CODE = ("import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); import sys; "
+               "from fedvls_flwr.ops.client_worker import worker_main; worker_main(*sys.argv[1:])")
 
 
 def worker_main(fd: str, threads_text: str, app_reference: str) -> None:  # pragma: no cover - a worker process

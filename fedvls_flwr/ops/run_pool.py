@@ -53,9 +53,22 @@ class Outcome:
     seconds: float = 0.0
 
 
+class _Stopped(SystemExit):
+    """SIGTERM in a worker (the sweep stopping it mid-run: Ctrl-C, ``kill``, --timeout; or the
+    sweep's death, PR_SET_PDEATHSIG): unwind instead of dying on the spot, so that the run's
+    ServerApp finishes writing the round it was saving and releases its folder - a worker that
+    just died left run.lock behind, and the resumed run warned it had taken over the lock of a
+    run "stopped without releasing the folder (killed?)" - and its client workers are stopped."""
+
+
+def _unwind(signum: int, frame: object) -> None:  # pragma: no cover - a worker process
+    raise _Stopped(128 + signum)
+
+
 def _worker(conn: Connection, threads: int, share: Machine | None) -> None:  # pragma: no cover - a worker process
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the sweep stops its workers
+    signal.signal(signal.SIGTERM, _unwind)
     if share is not None and share.gpus:  # this worker's GPUs only, numbered from 0 as its runs see them
         os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices(tuple(i for i, _ in share.gpus),
                                                                   os.environ.get("CUDA_VISIBLE_DEVICES"))
@@ -85,6 +98,8 @@ def _serve(conn: Connection, share: Machine | None, run_in_process: Any) -> None
                 run_in_process(job.overrides, job.num_supernodes, client_cpus=job.client_cpus,
                                client_gpus=job.client_gpus, machine=share, keep_pool=True, client_output=job.log)
                 result = Outcome(job.key, "completed")
+            except _Stopped:
+                raise  # the sweep stopped it: nobody waits for an outcome
             except BaseException as err:  # noqa: BLE001 - reported to the sweep, the worker goes on
                 traceback.print_exc()
                 result = Outcome(job.key, "failed", f"{type(err).__name__}: {err}")
@@ -117,6 +132,15 @@ class _output_to:  # noqa: N801 - a context manager
         for fd, saved in zip((1, 2), self.saved):
             os.dup2(saved, fd)
             os.close(saved)
+
+
+def _died(code: int | None) -> str:
+    """What the sweep says of a run whose worker process died: by which signal, and that the
+    run is not lost (a bare "exit code -9" said neither, and the sweep went on to its next run)."""
+    how = (f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0
+           else f"ended (exit code {code})")
+    return (f"its worker process {how} while it ran (killed, or out of memory?); what it saved is kept and the "
+            "sweep resumes it next time")
 
 
 @dataclass
@@ -177,9 +201,8 @@ class RunPool:
                 try:
                     outcome: Outcome = worker.conn.recv()
                 except (EOFError, OSError):  # the worker died (killed, out of memory)
-                    outcome = Outcome(job.key, "failed", f"the worker process ended (exit code "
-                                                         f"{worker.process.exitcode}); see {job.log}")
                     self._stop(worker)
+                    outcome = Outcome(job.key, "failed", _died(worker.process.exitcode))
                 else:
                     worker.job = None
                     self._idle.append(worker)
