@@ -588,4 +588,14 @@ MUTATIONS: list[Mutation] = [
              "            \"reply_metrics\": sorted({name for r in rounds for name in r.get(\"reply_metrics\", ())}),\n",
              "            \"reply_metrics\": sorted({name for r in rounds[-1:] for name in r.get(\"reply_metrics\", ())}),\n",
              RESUME),
+    Mutation("sweep-reruns-a-run-taken-meanwhile", "presets", "a sweep starts a run another sweep on the same folder "
+             "finished while it waited: resumed with no round left, it rewrites that run's summary and model",
+             "fedvls_flwr/experiments/sweep.py",
+             "    if (run_dir / SUMMARY_FILE).exists():\n        statuses[name] = \"skipped (finished meanwhile",
+             "    if False:\n        statuses[name] = \"skipped (finished meanwhile", ("tests/test_presets.py",)),
+    Mutation("worker-ctrl-c-after-imports", "engine", "a client worker ignores Ctrl-C only once its imports are done: "
+             "Ctrl-C in a run's first second prints its KeyboardInterrupt traceback",
+             "fedvls_flwr/ops/client_worker.py",
+             "WORKER_CODE = (\"import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); import sys; \"\n",
+             "WORKER_CODE = (\"import signal; import sys; \"\n", ("tests/test_client_workers.py",)),
 ]
