@@ -585,8 +585,8 @@ MUTATIONS: list[Mutation] = [
     Mutation("reply-metrics-of-this-session", "results", "summary.json's reply_metrics lists only the last session's "
              "accepted replies: a resumed run hides what its earlier rounds' replies carried",
              "fedvls_flwr/app/server.py",
-             "            \"reply_metrics\": sorted({name for r in rounds for name in r.get(\"reply_metrics\", ())}),\n",
-             "            \"reply_metrics\": sorted({name for r in rounds[-1:] for name in r.get(\"reply_metrics\", ())}),\n",
+             "            \"reply_metrics\": sorted({name for r in rounds for name in r.get(\"reply_metrics\", ())}\n",
+             "            \"reply_metrics\": sorted({name for r in rounds[-1:] for name in r.get(\"reply_metrics\", ())}\n",
              RESUME),
     Mutation("sweep-reruns-a-run-taken-meanwhile", "presets", "a sweep starts a run another sweep on the same folder "
              "finished while it waited: resumed with no round left, it rewrites that run's summary and model",

@@ -164,6 +164,17 @@ def test_reply_metrics_cover_every_session_of_a_resumed_run_and_rejected_replies
     assert json.loads((run_dir / "summary.json").read_text())["reply_metrics"] == summary["reply_metrics"]
 
 
+def test_reply_metrics_of_a_failed_run_include_the_round_that_failed(tmp_path):
+    """The round that fails (too few usable replies) is in no saved round, but its replies'
+    metrics left the sites all the same: summary.json lists them."""
+    cfg = config(tmp_path, num_server_rounds=3, resume=False, min_fit_fraction=1.0, round_retries=0)
+    with pytest.raises(Exception, match="round 2"):
+        run_experiment(SayingGrid("secret", {2}, rejected=True), cfg)
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["rounds_completed"] == 1
+    assert summary["reply_metrics"] == sorted({NUM_EXAMPLES, TRAIN_LOSS, "secret"})
+
+
 # ---- damaged files ---------------------------------------------------------------------------
 
 

@@ -451,8 +451,10 @@ class ServerRun:
             "num_train_pool": None if self.bundle is None else int(self.bundle.train_y.shape[0]),
             "num_test": None if self.bundle is None else int(self.bundle.test_y.shape[0]),
             **summarize(rounds),
-            # what the sites' training replies carried in the whole run (docs/methods.md, "What a site shares")
-            "reply_metrics": sorted({name for r in rounds for name in r.get("reply_metrics", ())}),
+            # what the sites' training replies carried in the whole run (docs/methods.md, "What a site shares"):
+            # earlier sessions' rounds, and this session's - a round that failed (not in rounds) included
+            "reply_metrics": sorted({name for r in rounds for name in r.get("reply_metrics", ())}
+                                    | self.strategy.reply_metric_names),
             "rounds_completed": max((r["round"] for r in rounds), default=0),
             "wall_seconds": time.perf_counter() - self.t_start,
             **extra,

@@ -102,6 +102,8 @@ class RunStrategy(Strategy):
         self._state: dict[str, np.ndarray] = {}  # the round state at the start of the round
         self._plan: dict[int, Assignment] = {}  # node -> what it was sent this round
         self.report = RoundReport(0)
+        #: every metric name a training reply carried this session, the failed round's too (summary.json)
+        self.reply_metric_names: set[str] = set()
         self.sizes: dict[int, float] = {}  # node id -> its last num-examples (message order)
         self._destinations: dict[str, int] = {}  # message id -> node id, of the round's messages
 
@@ -200,6 +202,7 @@ class RunStrategy(Strategy):
         if not msg.has_error() and has_record(msg.content, keys.METRICS, MetricRecord):
             metrics = metrics_in(msg.content, keys.METRICS)
             self.report.reply_metrics.update(metrics.keys())  # what left the site, whatever the server makes of it
+            self.reply_metric_names.update(metrics.keys())
             if keys.PARTITION_ID in metrics:
                 self.nodes.partitions[node_id] = integer(metrics[keys.PARTITION_ID])
         if msg.has_error():
