@@ -756,3 +756,14 @@ def test_a_sweeps_run_whose_worker_process_is_killed_is_said_to_be_kept(tmp_path
     assert outcome.key == "r" and outcome.status == "failed"
     assert outcome.error == ("its worker process was killed by SIGKILL while it ran (killed, or out of memory?); what "
                              "it saved is kept and the sweep resumes it next time")
+
+
+@pytest.mark.parametrize(("code", "said"), [(-9, "was killed by SIGKILL"), (143, "was stopped by SIGTERM"),
+                                            (1, "ended (exit code 1)"), (None, "ended (exit code None)")])
+def test_a_run_pool_worker_stopped_by_a_signal_is_said_so_whether_it_died_or_unwound(code, said):
+    """`kill <pid>` - what a run's lock refusal advises - makes a run-pool worker unwind and exit
+    with 128 + SIGTERM: that is said as the signal, not as an unexplained exit code 143."""
+    from fedvls_flwr.ops.run_pool import _died
+
+    assert _died(code).startswith(f"its worker process {said} while it ran")
+    assert _died(code).endswith("; what it saved is kept and the sweep resumes it next time")

@@ -62,6 +62,7 @@ class _Stopped(SystemExit):
 
 
 def _unwind(signum: int, frame: object) -> None:  # pragma: no cover - a worker process
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second SIGTERM would cut the unwinding short
     raise _Stopped(128 + signum)
 
 
@@ -137,10 +138,14 @@ class _output_to:  # noqa: N801 - a context manager
 def _died(code: int | None) -> str:
     """What the sweep says of a run whose worker process died: by which signal, and that the
     run is not lost (a bare "exit code -9" said neither, and the sweep went on to its next run)."""
-    how = (f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0
-           else f"ended (exit code {code})")
-    return (f"its worker process {how} while it ran (killed, or out of memory?); what it saved is kept and the "
-            "sweep resumes it next time")
+    signals = {int(sig) for sig in signal.Signals}
+    if code is not None and code < 0 and -code in signals:
+        how = f"was killed by {signal.Signals(-code).name} while it ran (killed, or out of memory?)"
+    elif code is not None and code > 128 and code - 128 in signals:  # SIGTERM: it unwound (_Stopped), 128 + 15
+        how = f"was stopped by {signal.Signals(code - 128).name} while it ran"
+    else:
+        how = f"ended (exit code {code}) while it ran (killed, or out of memory?)"
+    return f"its worker process {how}; what it saved is kept and the sweep resumes it next time"
 
 
 @dataclass
@@ -226,7 +231,12 @@ class RunPool:
         worker.conn.close()
 
     def close(self) -> None:
-        """Every worker stopped: idle ones told to end, busy ones (a sweep stopped mid-run) killed."""
+        """Every worker stopped: idle ones told to end, busy ones (a sweep stopped mid-run) sent
+        SIGTERM all at once - each unwinds its run in parallel with the others - then killed if
+        one has not ended within :meth:`_stop`'s wait."""
+        for worker in self._busy:
+            if worker.process.is_alive():
+                worker.process.terminate()
         for worker in self._idle:
             try:
                 worker.conn.send(None)
