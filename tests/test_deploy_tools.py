@@ -503,6 +503,11 @@ def test_the_launcher_names_its_default_work_folder_before_anything_can_fail(tmp
         port = busy.getsockname()[1]
         with pytest.raises(PortRangeError):
             run_local(1, secure=False, auth=False, port_range=(port, port))
-    made = list(tmp_path.iterdir())
-    assert [p.name[:len("fedvls-deploy-")] for p in made] == ["fedvls-deploy-"]
-    assert f"work folder {made[0].resolve()}" in capsys.readouterr().out
+        made = list(tmp_path.iterdir())
+        assert [p.name[:len("fedvls-deploy-")] for p in made] == ["fedvls-deploy-"]
+        assert f"work folder {made[0].resolve()} (certificates, logs and results;" in capsys.readouterr().out
+        # results sent elsewhere: the line does not promise them there
+        with pytest.raises(PortRangeError):
+            run_local(1, secure=False, auth=False, port_range=(port, port),
+                      run_config={"output-dir": str(tmp_path / "elsewhere")})
+        assert "(certificates and logs; kept afterwards)" in capsys.readouterr().out

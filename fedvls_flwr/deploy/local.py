@@ -108,7 +108,8 @@ def run_local(
 
     say = print if echo else (lambda *a, **k: None)
     if made:  # kept afterwards, whatever happens next: said before anything can fail
-        say(f"[deploy] work folder {workdir} (certificates, logs and results; kept afterwards)")
+        holds = "certificates, logs and results" if run_dir.resolve().is_relative_to(workdir) else "certificates and logs"
+        say(f"[deploy] work folder {workdir} ({holds}; kept afterwards)")
     link = LocalSuperLink(
         workdir / "flwr", simulation=False, env_extra=dict(env_extra or {}), port_range=port_range,
     )
