@@ -1,17 +1,20 @@
-"""What a reply's arrays cost on their way: encoded by the client, read and averaged by the server.
+"""What a reply's arrays cost on their way: encoded by the client, read, checked and averaged by the server.
 
     python bench/bench_reply_path.py                 # the MNIST MLP's and ResNet-18's state dicts
     python bench/bench_reply_path.py --write docs/performance.md   # the table between the page's markers
 
-For a large model the round's serial part on the server is mostly copying: every reply's
-arrays are decoded and averaged there, one after another. Each step of the app's own code
-(``numpy_record``: a client's reply encoded; ``RunStrategy._parse``: a reply read by the
-server; ``weighted_average``: the replies averaged) is timed beside the floor a plain loop
+For a large model the round's serial part on the server is mostly passes over memory: every
+reply's arrays are decoded, checked and averaged there, one after another. Each step of the
+app's own code (``numpy_record``: a client's reply encoded; ``RunStrategy._parse``: a reply read
+by the server; ``check_reply``: its layout and values checked; ``weighted_average``: the
+replies averaged; ``drift_diversity``: the round's drift diagnostic, which single-model
+protocols compute from the same replies) is timed beside the floor a plain loop
 cannot go under: one copy of the model's bytes (``np.copyto`` of every array into a
 preallocated buffer). Medians of ``--reps`` timings; 10 replies. Each model is measured in a
 process of its own as the app's processes run (their allocator set by
-:func:`fedvls_flwr.app.memory.keep_freed_memory`) and in one with glibc's defaults
-(``FEDVLS_SYSTEM_MALLOC=1``), in turn.
+:func:`fedvls_flwr.app.memory.keep_freed_memory`) on one thread and on torch's default threads
+(the server's average and drift diagnostic use up to that many), and in one with glibc's
+defaults (``FEDVLS_SYSTEM_MALLOC=1``) on one thread, in turn.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ def measure(model: str, shape: tuple[int, ...], reps: int) -> dict[str, float]:
     import torch
     from flwr.app import MetricRecord, RecordDict
 
-    from fedvls_flwr.algorithms.aggregation import weighted_average
+    from fedvls_flwr.algorithms.aggregation import check_reply, drift_diversity, weighted_average
     from fedvls_flwr.app import keys
     from fedvls_flwr.app.messages import numpy_record
     from fedvls_flwr.app.strategy import RunStrategy
@@ -77,14 +80,25 @@ def measure(model: str, shape: tuple[int, ...], reps: int) -> dict[str, float]:
             "copy": _median_ms(one_copy, reps),
             "encode": _median_ms(lambda: numpy_record(state), reps),
             "parse": _median_ms(lambda: [RunStrategy._parse(str(i), c) for i, c in enumerate(contents)], reps) / REPLIES,
-            "average": _median_ms(lambda: weighted_average(replies, state), reps) / REPLIES}  # type: ignore[arg-type]
+            "check": _median_ms(lambda: [check_reply(r, state) for r in replies], reps) / REPLIES,  # type: ignore[arg-type]
+            "average": _median_ms(lambda: weighted_average(replies, state), reps) / REPLIES,  # type: ignore[arg-type]
+            "drift": _median_ms(lambda: drift_diversity([r.arrays for r in replies], state), reps) / REPLIES}  # type: ignore[union-attr]
 
 
-VARIANTS = {"app": {}, "glibc defaults": {"FEDVLS_SYSTEM_MALLOC": "1"}}
+#: variant -> (the process's settings, what the table calls it); None: the variable unset
+VARIANTS: dict[str, tuple[dict[str, str | None], str]] = {
+    "app": ({"OMP_NUM_THREADS": "1"}, "as the app runs, 1 thread"),
+    "app, threads": ({"OMP_NUM_THREADS": None},
+                     f"as the app runs, torch's default threads ({os.cpu_count()}: the server's average and drift on threads)"),
+    "glibc defaults": ({"FEDVLS_SYSTEM_MALLOC": "1", "OMP_NUM_THREADS": "1"},
+                       "glibc's defaults (`FEDVLS_SYSTEM_MALLOC=1`), 1 thread"),
+}
 
 
 def in_own_process(label: str, variant: str, reps: int) -> dict[str, float]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **VARIANTS[variant]}
+    env = {**os.environ, **{k: v for k, v in VARIANTS[variant][0].items() if v is not None}}
+    for name in [k for k, v in VARIANTS[variant][0].items() if v is None]:
+        env.pop(name, None)
     done = subprocess.run([sys.executable, __file__, "--model", label, "--reps", str(reps)], capture_output=True,
                           text=True, env=env, cwd=ROOT, check=False)
     if done.returncode != 0:
@@ -96,15 +110,17 @@ def markdown(results: dict[str, dict[str, dict[str, float]]], load: tuple[str, s
     lines = [f"{REPLIES} replies; medians; {platform.node()} ({os.cpu_count()} cores), load average before {load[0]}, "
              f"after {load[1]}; {time.strftime('%Y-%m-%d')}, `python bench/bench_reply_path.py --write "
              "docs/performance.md`; each figure / the floor in brackets.", "",
-             "| model | MiB | allocator | one copy of its bytes (the floor) | a reply encoded (client) "
-             "| a reply read (server) | its share of the average (server) |", "|---|---:|---|---:|---:|---:|---:|"]
+             "| model | MiB | process | one copy of its bytes (the floor) | a reply encoded (client) "
+             "| a reply read (server) | a reply checked (server) | its share of the average (server) "
+             "| its share of the drift diagnostic (server) |", "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
     for label, variants in results.items():
         for variant, r in variants.items():
             c = r["copy"]
-            allocator = "as the app runs" if variant == "app" else "glibc's defaults (`FEDVLS_SYSTEM_MALLOC=1`)"
+            allocator = VARIANTS[variant][1]
             lines.append(f"| {label} | {r['mbytes']:.1f} | {allocator} | {c:.2f} ms | {r['encode']:.2f} ms "
                          f"({r['encode'] / c:.1f}x) | {r['parse']:.2f} ms ({r['parse'] / c:.1f}x) | "
-                         f"{r['average']:.2f} ms ({r['average'] / c:.1f}x) |")
+                         f"{r['check']:.2f} ms ({r['check'] / c:.1f}x) | "
+                         f"{r['average']:.2f} ms ({r['average'] / c:.1f}x) | {r['drift']:.2f} ms ({r['drift'] / c:.1f}x) |")
     return "\n".join(lines)
 
 

@@ -71,13 +71,13 @@ MUTATIONS: list[Mutation] = [
     # ---- aggregation
     Mutation("average-unweighted", "aggregation", "the average ignores each client's number of examples",
              "fedvls_flwr/algorithms/aggregation.py",
-             "acc += (r.num_examples / total) * r.arrays[key]", "acc += (1.0 / len(replies)) * r.arrays[key]", AGG),
+             "weights = [r.num_examples / total for r in replies]", "weights = [1.0 / len(replies) for r in replies]", AGG),
     Mutation("integer-buffers-floored", "aggregation", "integer buffers are floored instead of rounded",
              "fedvls_flwr/algorithms/aggregation.py",
-             "np.rint(acc, out=acc)", "np.floor(acc, out=acc)", AGG),
+             "np.rint(sums[key], out=sums[key])", "np.floor(sums[key], out=sums[key])", AGG),
     Mutation("batchnorm-buffer-1d", "aggregation", "a 0-d buffer (num_batches_tracked) comes out with shape (1,)",
              "fedvls_flwr/algorithms/aggregation.py",
-             "acc = np.zeros(ref.shape, dtype=np.float64)", "acc = np.zeros(ref.shape or (1,), dtype=np.float64)",
+             "out[key] = sums[key].reshape(ref.shape)", "out[key] = sums[key].reshape(ref.shape or (1,))",
              (*AGG, "tests/test_batchnorm.py")),
     Mutation("broadcast-0d-as-1d", "aggregation", "the broadcast record turns 0-d arrays into shape (1,)",
              "fedvls_flwr/app/messages.py",
@@ -93,7 +93,8 @@ MUTATIONS: list[Mutation] = [
              AGG_PROPS),
     Mutation("average-in-array-dtype", "aggregation",
              "each weighted term is computed in the array's dtype (float32), not float64",
-             "fedvls_flwr/algorithms/aggregation.py", "r.arrays[key].astype(np.float64)", "r.arrays[key]", AGG_PROPS),
+             "fedvls_flwr/algorithms/aggregation.py", "block, term = sums[key][lo:hi], np.empty(hi - lo, dtype=np.float64)",
+             "block, term = sums[key][lo:hi], np.empty(hi - lo, dtype=np.float32)", AGG_PROPS),
     # ---- reply checks
     Mutation("nan-accepted", "reply checks", "a reply with NaN weights is averaged in",
              "fedvls_flwr/algorithms/aggregation.py",
@@ -598,4 +599,22 @@ MUTATIONS: list[Mutation] = [
              "fedvls_flwr/ops/client_worker.py",
              "WORKER_CODE = (\"import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); import sys; \"\n",
              "WORKER_CODE = (\"import signal; import sys; \"\n", ("tests/test_client_workers.py",)),
+    Mutation("aggregation-threads-inherited-by-a-fork", "aggregation", "a child forked after the server averaged "
+             "on threads keeps its parent's thread pool, whose threads do not exist there: its next average waits forever",
+             "fedvls_flwr/algorithms/aggregation.py",
+             "os.register_at_fork(after_in_child=_forget_pool_in_child)\n",
+             "\n", ("tests/test_aggregation.py",)),
+    Mutation("aggregation-spans-by-thread-count", "aggregation", "the server's spans are cut by its thread count: "
+             "the drift diagnostic of the same round differs between a 1-thread and a 3-thread server",
+             "fedvls_flwr/algorithms/aggregation.py",
+             "    spans = [(key, lo, min(ref.size, lo + SPAN)) for key, ref in arrays.items() "
+             "for lo in range(0, max(ref.size, 1), SPAN)]\n",
+             "    step = SPAN // torch.get_num_threads()\n"
+             "    spans = [(key, lo, min(ref.size, lo + step)) for key, ref in arrays.items() "
+             "for lo in range(0, max(ref.size, 1), step)]\n", ("tests/test_aggregation.py",)),
+    Mutation("average-in-another-reply-order", "aggregation", "the span-wise average adds the replies last first: "
+             "the global model differs in its last bits from the plain loop's (and from earlier versions' histories)",
+             "fedvls_flwr/algorithms/aggregation.py",
+             "        for values, weight in zip(flat[key], weights):",
+             "        for values, weight in zip(flat[key][::-1], weights[::-1]):", AGG),
 ]

@@ -1,9 +1,14 @@
 """Aggregation against hand-computed values; malformed and non-finite replies rejected."""
 
+import os
+import signal
+import time
+
 import numpy as np
 import pytest
+import torch
 
-from fedvls_flwr.algorithms.aggregation import Reply, average_metrics, check_reply, drift_diversity, weighted_average
+from fedvls_flwr.algorithms.aggregation import SPAN, Reply, average_metrics, check_reply, drift_diversity, weighted_average
 
 REF = {"w": np.zeros((2, 2), np.float32), "steps": np.array(0, np.int64)}
 
@@ -82,3 +87,113 @@ def test_weighted_average_keeps_shape_and_dtype_of_every_array_0d_included():
     assert float(out["scalar"]) == pytest.approx(2.5)
     # the aggregate is a valid reference for the next round: replies of the same layout pass
     assert all(check_reply(r, out) is None for r in replies)
+
+
+def _plain_average(replies, reference):
+    """The textbook form: every reply's float64 copy scaled and added in reply order."""
+    total = float(sum(r.num_examples for r in replies))
+    out = {}
+    for key, ref in reference.items():
+        acc = np.zeros(ref.shape, dtype=np.float64)
+        for r in replies:
+            acc += (r.num_examples / total) * r.arrays[key].astype(np.float64)
+        if ref.dtype.kind in "iub":
+            acc = np.rint(acc)
+        out[key] = acc.astype(ref.dtype)
+    return out
+
+
+def _plain_drift(updates, reference):
+    num, summed = 0.0, {}
+    for w in updates:
+        for key, ref in reference.items():
+            if ref.dtype.kind in "fc":
+                m = w[key].astype(np.float64) - ref.astype(np.float64)
+                num += float(np.sum(m * m))
+                summed[key] = summed.get(key, 0.0) + m
+    den = float(sum(np.sum(v * v) for v in summed.values()))
+    return num / den if den > 0 else float("nan")
+
+
+def _random_model(rng, scale=1.0):
+    """Arrays of the kinds a state dict holds, of sizes that are not multiples of a vector width."""
+    return {
+        "conv": (rng.standard_normal((7, 3, 5, 5)) * scale).astype(np.float32),
+        "bias": (rng.standard_normal(13) * scale).astype(np.float32),
+        # values over many orders of magnitude: their differences' squares do not all fall on one
+        # grid of float64 values, so another summation order shows in the last bits
+        "big": (rng.standard_normal(2 * SPAN + 12_345) * np.exp(rng.uniform(-7, 7, 2 * SPAN + 12_345)) * scale).astype(np.float32),
+        "double": (rng.standard_normal((9, 11)) * scale).astype(np.float64),
+        "half": (rng.standard_normal(17) * scale).astype(np.float16),
+        "scalar": np.array(rng.standard_normal() * scale, np.float32),
+        "tracked": np.array(int(rng.integers(0, 1000)), np.int64),
+        "counts": rng.integers(0, 50, size=6).astype(np.int32),
+    }
+
+
+@pytest.mark.parametrize("clients", [1, 2, 7])
+def test_average_and_drift_equal_their_textbook_forms_bit_for_bit(clients):
+    """The server's blocked average gives every bit the plain formula gives (a run's history does
+    not depend on how the server walks its memory, and is the one earlier versions wrote); the
+    drift diagnostic, a ratio of dot products, agrees to its last digits."""
+    rng = np.random.default_rng(clients)
+    reference = _random_model(rng)
+    replies = [Reply(str(i), {k: (v + _random_model(rng, 0.01)[k]).astype(v.dtype) for k, v in reference.items()},
+                     float(rng.integers(1, 500)), {}) for i in range(clients)]
+    fast, plain = weighted_average(replies, reference), _plain_average(replies, reference)
+    assert list(fast) == list(plain)
+    for key in plain:
+        assert fast[key].dtype == plain[key].dtype and fast[key].shape == plain[key].shape, key
+        assert fast[key].tobytes() == plain[key].tobytes(), key
+    updates = [r.arrays for r in replies]
+    assert drift_diversity(updates, reference) == pytest.approx(_plain_drift(updates, reference), rel=1e-12)
+
+
+def test_the_thread_count_changes_no_bit_of_the_average_or_the_drift():
+    """The spans are the same whatever the thread count and their results are added in span
+    order: a server on 1 thread and one on 3 write the same round (the engines' histories are
+    compared across different server thread counts)."""
+    rng = np.random.default_rng(5)
+    reference = _random_model(rng)
+    replies = [Reply(str(i), {k: (v + _random_model(rng, 0.01)[k]).astype(v.dtype) for k, v in reference.items()},
+                     float(i + 1), {}) for i in range(4)]
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for count in (1, 3):
+            torch.set_num_threads(count)
+            results.append((weighted_average(replies, reference), drift_diversity([r.arrays for r in replies], reference)))
+    finally:
+        torch.set_num_threads(threads)
+    (one, drift_one), (three, drift_three) = results
+    assert drift_one == drift_three
+    assert all(one[key].tobytes() == three[key].tobytes() for key in reference)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_forked_child_averages_on_threads_of_its_own():
+    """The aggregation threads are a process's own: a child forked after the parent used them
+    (a user's multiprocessing with fork) averages a model large enough for threads, not waits
+    forever on threads that exist only in its parent."""
+    rng = np.random.default_rng(7)
+    reference = _random_model(rng)
+    replies = [Reply(str(i), {k: v.copy() for k, v in reference.items()}, 1.0, {}) for i in range(2)]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        weighted_average(replies, reference)  # the parent's threads started
+        pid = os.fork()
+        if pid == 0:  # the child: exit 0 when its average is right
+            torch.set_num_threads(2)
+            out = weighted_average(replies, reference)
+            os._exit(0 if all(out[k].tobytes() == reference[k].tobytes() for k in reference) else 1)
+        deadline = time.monotonic() + 20
+        while (done := os.waitpid(pid, os.WNOHANG)) == (0, 0) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if done == (0, 0):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child's average did not finish in 20 s")
+        assert os.waitstatus_to_exitcode(done[1]) == 0
+    finally:
+        torch.set_num_threads(threads)
