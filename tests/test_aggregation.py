@@ -115,6 +115,9 @@ def _plain_drift(updates, reference):
     return num / den if den > 0 else float("nan")
 
 
+BIG = 2 * SPAN + 12_345  # three spans, the last a short one
+
+
 def _random_model(rng, scale=1.0):
     """Arrays of the kinds a state dict holds, of sizes that are not multiples of a vector width."""
     return {
@@ -122,7 +125,7 @@ def _random_model(rng, scale=1.0):
         "bias": (rng.standard_normal(13) * scale).astype(np.float32),
         # values over many orders of magnitude: their differences' squares do not all fall on one
         # grid of float64 values, so another summation order shows in the last bits
-        "big": (rng.standard_normal(2 * SPAN + 12_345) * np.exp(rng.uniform(-7, 7, 2 * SPAN + 12_345)) * scale).astype(np.float32),
+        "big": (rng.standard_normal(BIG) * np.exp(rng.uniform(-7, 7, BIG)) * scale).astype(np.float32),
         "double": (rng.standard_normal((9, 11)) * scale).astype(np.float64),
         "half": (rng.standard_normal(17) * scale).astype(np.float16),
         "scalar": np.array(rng.standard_normal() * scale, np.float32),

@@ -463,6 +463,9 @@ def test_a_run_another_sweep_took_meanwhile_is_not_started_again(tmp_path, monke
         for lock in held:
             lock.release()
     assert started == [first], logs
+    # the taken run has its "(2/2)" line like every run of the plan, its reason right under it
+    at = next(i for i, line in enumerate(logs) if line.startswith(f"[sweep] (2/2) {second} ..."))
+    assert logs[at + 1].startswith(f"[sweep]     {second}: "), logs
     if other == "finished":
         assert result["statuses"] == {first: "completed", second: "skipped (finished meanwhile, by another process)"}
         assert json.loads((out / second / "summary.json").read_text()) == theirs  # not rewritten
