@@ -89,7 +89,7 @@ def measure(model: str, shape: tuple[int, ...], reps: int) -> dict[str, float]:
 VARIANTS: dict[str, tuple[dict[str, str | None], str]] = {
     "app": ({"OMP_NUM_THREADS": "1"}, "as the app runs, 1 thread"),
     "app, threads": ({"OMP_NUM_THREADS": None},
-                     f"as the app runs, torch's default threads ({os.cpu_count()}: the server's average and drift on threads)"),
+                     f"as the app runs, torch's default threads ({os.cpu_count()}; a model under two spans stays on one)"),
     "glibc defaults": ({"FEDVLS_SYSTEM_MALLOC": "1", "OMP_NUM_THREADS": "1"},
                        "glibc's defaults (`FEDVLS_SYSTEM_MALLOC=1`), 1 thread"),
 }

@@ -2,13 +2,22 @@
 
 import os
 import signal
+import threading
 import time
 
 import numpy as np
 import pytest
 import torch
 
-from fedvls_flwr.algorithms.aggregation import SPAN, Reply, average_metrics, check_reply, drift_diversity, weighted_average
+from fedvls_flwr.algorithms.aggregation import (
+    SPAN,
+    Reply,
+    average_metrics,
+    check_reply,
+    drift_diversity,
+    in_spans,
+    weighted_average,
+)
 
 REF = {"w": np.zeros((2, 2), np.float32), "steps": np.array(0, np.int64)}
 
@@ -200,3 +209,56 @@ def test_a_forked_child_averages_on_threads_of_its_own():
         assert os.waitstatus_to_exitcode(done[1]) == 0
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_reply_of_another_shape_is_refused_not_folded_into_the_sum():
+    """The spans copy flattened values, which would take a (2, 2) reply for a (4,) array or
+    drop a fifth value: the shapes are compared first, as the plain loop's broadcasting did."""
+    ref = {"w": np.zeros(4, np.float32)}
+    for wrong in (np.zeros((2, 2), np.float32), np.zeros(5, np.float32)):
+        with pytest.raises(ValueError, match=r"array 'w' has shape"):
+            weighted_average([Reply("a", {"w": wrong}, 1.0, {})], ref)
+        with pytest.raises(ValueError, match=r"array 'w' has shape"):
+            drift_diversity([{"w": wrong}], ref)
+
+
+def _spans_with_threads(work, size=4 * SPAN, threads=2):
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return in_spans({"w": np.zeros(size, np.float32)}, work)
+    finally:
+        torch.set_num_threads(saved)
+
+
+def test_spans_summed_from_inside_a_span_do_not_wait_forever():
+    """A span's work that cuts spans of its own runs them on its thread: waiting there for the
+    pool's threads, all busy with the outer spans, would wait forever."""
+    outcome = []
+
+    def outer(key, lo, hi):
+        return sum(_spans_with_threads(lambda k, a, b: b - a, size=3 * SPAN))
+
+    done = threading.Thread(target=lambda: outcome.append(_spans_with_threads(outer)), daemon=True)
+    done.start()
+    done.join(30)
+    assert outcome == [[3 * SPAN] * 4], "in_spans called from a span's work did not finish in 30 s"
+
+
+def test_a_failing_span_stops_the_others_and_its_error_is_raised_after_them():
+    taken, running = [], []
+
+    def work(key, lo, hi):
+        running.append(1)
+        try:
+            taken.append(lo)
+            time.sleep(0.05)
+            if lo == 4 * SPAN:  # by then both threads are taking spans
+                raise RuntimeError("span 4 broke")
+        finally:
+            running.pop()
+
+    with pytest.raises(RuntimeError, match="span 4 broke"):
+        _spans_with_threads(work, size=40 * SPAN)
+    assert running == []  # no thread still working when the error came out
+    assert len(taken) < 40  # the others stopped taking spans

@@ -13,7 +13,7 @@ import math
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -77,8 +77,12 @@ def weighted_average(replies: list[Reply], reference: ArrayDict) -> ArrayDict:
         raise ValueError("weighted_average needs at least one reply")
     total = float(sum(r.num_examples for r in replies))
     weights = [r.num_examples / total for r in replies]
+    for key, ref in reference.items():  # check_reply's layout check, kept here: a span copy would not notice
+        for r in replies:
+            if np.shape(r.arrays[key]) != ref.shape:
+                raise ValueError(f"reply {r.client}: array '{key}' has shape {np.shape(r.arrays[key])}, expected {ref.shape}")
     sums = {key: np.zeros(ref.size, dtype=np.float64) for key, ref in reference.items()}
-    flat = {key: [r.arrays[key].reshape(-1) for r in replies] for key in reference}
+    flat = {key: [np.reshape(r.arrays[key], -1) for r in replies] for key in reference}
 
     def add_up(key: str, lo: int, hi: int) -> None:
         block, term = sums[key][lo:hi], np.empty(hi - lo, dtype=np.float64)
@@ -114,13 +118,17 @@ def drift_diversity(updates: list[ArrayDict], reference: ArrayDict) -> float:
     In float64, span by span as :func:`weighted_average`; the squared norms are sums
     added up in span order, so the value does not depend on the thread count, and may differ
     from a plain loop's in its last digits (summation order)."""
-    floats = {key: ref for key, ref in reference.items() if ref.dtype.kind in "fc"}
-    flat = {key: [w[key].reshape(-1) for w in updates] for key in floats}
+    floats = {key: ref.reshape(-1) for key, ref in reference.items() if ref.dtype.kind in "fc"}  # flattened once
+    for key in floats:
+        for w in updates:
+            if np.shape(w[key]) != reference[key].shape:
+                raise ValueError(f"array '{key}' has shape {np.shape(w[key])}, expected {reference[key].shape}")
+    flat = {key: [np.reshape(w[key], -1) for w in updates] for key in floats}
 
     def norms(key: str, lo: int, hi: int) -> tuple[float, float]:
         num = 0.0
         g, m, total, square = (np.empty(hi - lo, dtype=np.float64) for _ in range(4))
-        np.copyto(g, floats[key].reshape(-1)[lo:hi], casting="unsafe")
+        np.copyto(g, floats[key][lo:hi], casting="unsafe")
         total.fill(0.0)
         for values in flat[key]:  # numpy's own loops: BLAS's dot would start threads of its own here
             np.copyto(m, values[lo:hi], casting="unsafe")
@@ -137,29 +145,42 @@ def drift_diversity(updates: list[ArrayDict], reference: ArrayDict) -> float:
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
+_in_pool = threading.local()  # .yes on the pool's threads while they take spans
 
 
 def in_spans(arrays: ArrayDict, work: Callable[[str, int, int], T]) -> list[T]:
     """``work(key, lo, hi)`` over every array cut into spans of ``SPAN`` values, on up to torch's
     intra-op thread count of threads (numpy's loops release the GIL); results in span order.
+    Called from one of those threads (a ``work`` that sums spans itself) it runs on that thread:
+    waiting there for the pool's other threads could wait forever. When a span raises, the
+    threads take no further span and the first error is raised once all have stopped.
 
     A ResNet-18 round's average and drift diagnostic pass over 10 x 11 M values each, which
     is worth more cores than one; a model of under two spans (the MNIST MLP) stays on the
     calling thread."""
     spans = [(key, lo, min(ref.size, lo + SPAN)) for key, ref in arrays.items() for lo in range(0, max(ref.size, 1), SPAN)]
     threads = min(torch.get_num_threads(), len(spans), sum(hi - lo for _, lo, hi in spans) // SPAN)
-    if threads <= 1:
+    if threads <= 1 or getattr(_in_pool, "yes", False):
         return [work(*span) for span in spans]
     results: list[Any] = [None] * len(spans)
-
     order = itertools.count()  # the next span to take (next() of a count is atomic under the GIL)
+    failed = threading.Event()
 
     def take() -> None:
-        while (i := next(order)) < len(spans):
-            results[i] = work(*spans[i])
+        _in_pool.yes = True
+        try:
+            while not failed.is_set() and (i := next(order)) < len(spans):
+                results[i] = work(*spans[i])
+        except BaseException:
+            failed.set()
+            raise
+        finally:
+            _in_pool.yes = False
 
-    for done in [_threads().submit(take) for _ in range(threads)]:
-        done.result()
+    tasks = [_threads().submit(take) for _ in range(threads)]
+    wait(tasks)
+    for task in tasks:
+        task.result()  # the first error, now that every thread has stopped
     return results
 
 
@@ -174,8 +195,8 @@ def _threads() -> ThreadPoolExecutor:
 
 
 def _forget_pool_in_child() -> None:
-    global _pool
-    _pool = None
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()  # the lock too: another thread may have held it at the fork
 
 
 os.register_at_fork(after_in_child=_forget_pool_in_child)
