@@ -25,7 +25,7 @@ ArrayDict = dict[str, np.ndarray]
 #: float64, it stays in the cache meanwhile) before the next, with no temporary array; one thread
 #: takes a span at a time, and the spans are the same whatever the thread count. Chosen by a
 #: scratch measurement of a ResNet-18's ten replies on one thread: 2^18 and 2^20 values alike,
-#: whole arrays 1.4x slower, 2^13-2^16 as slow (the calls' own cost); bench/bench_reply_path.py
+#: the plain loop over whole arrays 1.4x slower, 2^13-2^16 as slow (the calls' own cost); bench/bench_reply_path.py
 #: times the result.
 SPAN = 1 << 18
 T = TypeVar("T")
