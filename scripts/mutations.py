@@ -617,4 +617,10 @@ MUTATIONS: list[Mutation] = [
              "fedvls_flwr/algorithms/aggregation.py",
              "        for values, weight in zip(flat[key], weights):",
              "        for values, weight in zip(flat[key][::-1], weights[::-1]):", AGG),
+    Mutation("worker-reply-over-the-unread-one", "engine", "a worker writes every reply from the start of its "
+             "shared-memory file: a queued message's reply overwrites the last one while the parent, late on a loaded "
+             "machine, still copies it out - a client's metrics arrive with another client's arrays",
+             "fedvls_flwr/ops/client_worker.py",
+             "        layout = bulk.put_reply(frames.data)\n",
+             "        layout = bulk.put(frames.data)\n", ("tests/test_client_workers.py",)),
 ]

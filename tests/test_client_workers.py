@@ -11,6 +11,7 @@ import itertools
 import math
 import os
 import signal
+import time
 from pathlib import Path
 
 import numpy as np
@@ -767,3 +768,30 @@ def test_a_run_pool_worker_stopped_by_a_signal_is_said_so_whether_it_died_or_unw
 
     assert _died(code).startswith(f"its worker process {said} while it ran")
     assert _died(code).endswith("; what it saved is kept and the sweep resumes it next time")
+
+
+def test_a_reply_is_read_whole_however_late_while_its_worker_runs_the_next_message(monkeypatch):
+    """A worker busy with one message has the next one waiting in its socket; it runs it as soon
+    as its reply is sent, and writes that reply while this process may still be copying the first
+    one out of their shared file (a loaded machine: a CI run with two suites at once gave a FedGF
+    round another client's arrays under a reply's own metrics). Each reply must come back as its
+    client made it, however late this side reads it."""
+    from fedvls_flwr.ops import client_worker
+
+    take = client_worker.Bulk.take
+
+    def late(self, layout):  # this process only: the worker's own Bulk is in its own process
+        if any(offset is not None for offset, _ in layout):
+            time.sleep(0.3)  # the worker meanwhile runs the queued message and writes its reply
+        return take(self, layout)
+
+    monkeypatch.setattr(client_worker.Bulk, "take", late)
+    grid, pool = pool_grid(workers=1, nodes=4)
+    size = 1_000_000  # 4 MB replies: through the shared-memory file
+    with pool:
+        pool.wait_started()
+        for _ in range(2):
+            replies = train_round(grid, do={p: "own" for p in range(4)}, size=size)
+            got = {p: np.unique(r.content.array_records["arrays"]["w"].numpy()).tolist() for p, r in replies.items()}
+            assert got == {p: [float(p)] for p in range(4)}, got
+        assert pool.slots[0].bulk is not None and pool.slots[0].bulk.map is not None  # it did go through the file

@@ -8,7 +8,9 @@ the state, then raises; ``die`` kills the worker process (SIGKILL); ``hold`` kee
 the node's state, written the first time and left alone after; ``slow`` counts after waiting 0.3 s
 (long enough that every worker of a pool takes a message of the round, however loaded the machine);
 ``draw`` counts and replies a number drawn from each of Python's, numpy's and torch's global
-random generators; ``linger`` writes its process id to the file ``$FEDVLS_TEST_LINGERING`` names,
+random generators; ``own`` counts and replies, instead of the received arrays, an array as large
+filled with its partition id (replies that differ, to tell one from another); ``linger`` writes
+its process id to the file ``$FEDVLS_TEST_LINGERING`` names,
 then waits 30 s (a worker caught in the middle of a message).
 """
 
@@ -48,6 +50,9 @@ def train(msg: Message, context: Context) -> Message:
     if do == "raise":
         raise ValueError(f"asked to raise at count {seen + 1}")
     arrays = msg.content.array_records.get("arrays", ArrayRecord())
+    if do == "own":
+        partition = float(context.node_config.get("partition-id", -1))
+        arrays = ArrayRecord({k: Array(np.full(a.shape, partition, dtype=np.float32)) for k, a in arrays.items()})
     metrics = MetricRecord({"count": seen + 1, "pid": os.getpid(),
                             "partition": int(context.node_config.get("partition-id", -1))})
     if do == "draw":

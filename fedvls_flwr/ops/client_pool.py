@@ -445,9 +445,10 @@ class ClientPool:
             self.transport_seconds += seconds
 
     def _room(self, slot: _Slot, bulk: Bulk, outgoing: int) -> tuple[str, int] | None:
-        """A bigger shared-memory file when this message or the replies so far would not fit
-        (its path and size, for the worker to map), else None: the one it has will do."""
-        needed = max(outgoing, slot.reply_bytes)
+        """A bigger shared-memory file when this message or two of the replies so far would not
+        fit (its path and size, for the worker to map), else None: the one it has will do. Two
+        replies: the worker writes each in the other half of the file (:meth:`Bulk.put_reply`)."""
+        needed = max(outgoing, 2 * slot.reply_bytes)
         if not slot.shared_memory or needed <= bulk.size or needed < SHARED_MEMORY_FROM:
             return None
         size = int(max(needed, 2 * outgoing) * 1.25) + 2**16

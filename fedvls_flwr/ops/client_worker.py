@@ -268,13 +268,19 @@ class Bulk:
     The parent makes the file (reserving its pages: a full tmpfs is a clean fallback, never a
     SIGBUS later) and names it in a message; the worker unlinks it as soon as it has mapped it
     (the parent does if the worker never did), so the memory goes when both let go, even if
-    the parent is killed in the middle of the round. One message at a time uses it: the
-    parent writes the message's arrays, the worker copies them out, then writes its reply's."""
+    the parent is killed in the middle of the round. The parent writes a message's arrays only
+    when it has taken every reply (from the start of the file); the worker copies them out,
+    then writes its reply's - each reply in the half of the file its last reply did not use:
+    a message queued behind the last one runs as soon as that reply is sent, and the parent may
+    still be copying that reply out (a loaded machine); it sends the next queued message only
+    once it has, so two halves are enough (:meth:`put_reply`; the parent sizes the file for two
+    replies)."""
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
         self.map: mmap.mmap | None = None
         self.size = 0
+        self.low_half_used = False  # (worker) the last reply went to the file's first half
 
     def attach(self, path: str, size: int) -> None:
         """(worker) map the parent's file, and remove its name: both processes hold it mapped
@@ -282,7 +288,7 @@ class Bulk:
         self.close()
         fd = os.open(path, os.O_RDWR)
         try:
-            self.map, self.size = mmap.mmap(fd, size), size
+            self.map, self.size, self.low_half_used = mmap.mmap(fd, size), size, False
         finally:
             os.close(fd)
             Path(path).unlink(missing_ok=True)
@@ -305,18 +311,25 @@ class Bulk:
             os.close(fd)
         return str(path)
 
-    def put(self, blobs: list[bytes]) -> list[tuple[int | None, int]]:
-        """Write what fits; each blob's (offset, length), offset None: it goes through the connection."""
+    def put(self, blobs: list[bytes], start: int = 0, end: int | None = None) -> list[tuple[int | None, int]]:
+        """Write what fits in [start, end) of the file; each blob's (offset, length), offset None:
+        it goes through the connection."""
         layout: list[tuple[int | None, int]] = []
-        offset = 0
+        offset, end = start, self.size if end is None else end
         for data in blobs:
-            if self.map is not None and offset + len(data) <= self.size:
+            if self.map is not None and offset + len(data) <= end:
                 self.map[offset:offset + len(data)] = data
                 layout.append((offset, len(data)))
                 offset += len(data)
             else:
                 layout.append((None, len(data)))
         return layout
+
+    def put_reply(self, blobs: list[bytes]) -> list[tuple[int | None, int]]:
+        """(worker) a reply's arrays, in the other half of the file than its last reply's."""
+        half = self.size // 2
+        self.low_half_used = not self.low_half_used
+        return self.put(blobs, 0, half) if self.low_half_used else self.put(blobs, half, self.size)
 
     def send_rest(self, blobs: list[bytes], layout: list[tuple[int | None, int]]) -> None:
         for data, (offset, _) in zip(blobs, layout):
@@ -429,6 +442,6 @@ def worker_main(fd: str, threads_text: str, app_reference: str) -> None:  # prag
         frames = _Frames({id(data): n for n, data in blobs_now.items() if n < 0})
         body = ("error", reply.error) if reply.has_error() else ("content", encode_records(reply.content, frames))
         new_state = encode_records(context.state, frames) if returned else None
-        layout = bulk.put(frames.data)
+        layout = bulk.put_reply(frames.data)
         conn.send_bytes(pickle.dumps((number, seconds, reply.metadata, body, new_state, layout), HEADER_PROTOCOL))
         bulk.send_rest(frames.data, layout)
