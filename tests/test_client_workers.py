@@ -795,3 +795,24 @@ def test_a_reply_is_read_whole_however_late_while_its_worker_runs_the_next_messa
             got = {p: np.unique(r.content.array_records["arrays"]["w"].numpy()).tolist() for p, r in replies.items()}
             assert got == {p: [float(p)] for p in range(4)}, got
         assert pool.slots[0].bulk is not None and pool.slots[0].bulk.map is not None  # it did go through the file
+
+
+def test_no_room_for_a_bigger_shared_file_keeps_the_one_both_sides_have(monkeypatch):
+    """/dev/shm full (Docker gives it 64 MiB) when replies outgrow the worker's file: the worker
+    keeps its file and writes its replies there, so this side keeps it mapped too and reads them
+    (it had let go of its map first, and the next reply's read failed its thread: no reply)."""
+    from fedvls_flwr.ops import client_worker
+
+    grid, pool = pool_grid(workers=1, nodes=2)
+    with pool:
+        pool.wait_started()
+        train_round(grid, do={0: "own", 1: "own"}, size=1_000_000)
+        slot = pool.slots[0]
+        assert slot.bulk is not None and slot.bulk.map is not None
+        monkeypatch.setattr(client_worker.os, "posix_fallocate", lambda *args: (_ for _ in ()).throw(OSError(28, "No space")))
+        slot.reply_bytes = slot.bulk.size  # replies said to have grown: the next message asks for a bigger file
+        for _ in range(2):
+            replies = train_round(grid, do={0: "own", 1: "own"}, size=1_000_000)
+            got = {p: np.unique(r.content.array_records["arrays"]["w"].numpy()).tolist() for p, r in replies.items()}
+            assert got == {0: [0.0], 1: [1.0]}, got
+        assert slot.shared_memory is False and slot.bulk.map is not None

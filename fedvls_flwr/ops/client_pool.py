@@ -453,8 +453,8 @@ class ClientPool:
             return None
         size = int(max(needed, 2 * outgoing) * 1.25) + 2**16
         path = bulk.create(size, f"fedvls-{os.getpid()}-{id(self):x}-{slot.index}-{next(self._numbers)}")
-        if path is None:
-            slot.shared_memory = False  # no room in /dev/shm: the socket from now on
+        if path is None:  # no room in /dev/shm: the file it has, and for the rest the socket, from now on
+            slot.shared_memory = False
             return None
         slot.unlink = path
         return path, size

@@ -294,8 +294,9 @@ class Bulk:
             Path(path).unlink(missing_ok=True)
 
     def create(self, size: int, name: str) -> str | None:
-        """(parent) a new file of ``size`` bytes, mapped; its path, or None (no room: use the connection)."""
-        self.close()
+        """(parent) a new file of ``size`` bytes, mapped in place of the one it had; its path, or
+        None (no room): then the file it had stays mapped, as the worker keeps it and writes its
+        replies there, and what does not fit goes through the connection."""
         path = SHM_DIR / name
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -303,12 +304,14 @@ class Bulk:
             return None
         try:
             os.posix_fallocate(fd, 0, size)
-            self.map, self.size = mmap.mmap(fd, size), size
+            new = mmap.mmap(fd, size)
         except OSError:
             path.unlink(missing_ok=True)
             return None
         finally:
             os.close(fd)
+        self.close()
+        self.map, self.size = new, size
         return str(path)
 
     def put(self, blobs: list[bytes], start: int = 0, end: int | None = None) -> list[tuple[int | None, int]]:
