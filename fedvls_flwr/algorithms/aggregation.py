@@ -78,12 +78,8 @@ def weighted_average(replies: list[Reply], reference: ArrayDict) -> ArrayDict:
         raise ValueError("weighted_average needs at least one reply")
     total = float(sum(r.num_examples for r in replies))
     weights = [r.num_examples / total for r in replies]
-    for key, ref in reference.items():  # check_reply's layout check, kept here: a span copy would not notice
-        for r in replies:
-            if np.shape(r.arrays[key]) != ref.shape:
-                raise ValueError(f"reply {r.client}: array '{key}' has shape {np.shape(r.arrays[key])}, expected {ref.shape}")
     sums = {key: np.zeros(ref.size, dtype=np.float64) for key, ref in reference.items()}
-    flat = {key: [np.reshape(r.arrays[key], -1) for r in replies] for key in reference}
+    flat = _flattened([r.arrays for r in replies], reference, list(reference), [f"reply {r.client}: " for r in replies])
 
     def add_up(key: str, lo: int, hi: int) -> None:
         block, term = sums[key][lo:hi], np.empty(hi - lo, dtype=np.float64)
@@ -120,11 +116,7 @@ def drift_diversity(updates: list[ArrayDict], reference: ArrayDict) -> float:
     added up in span order, so the value does not depend on the thread count, and may differ
     from a plain loop's in its last digits (summation order)."""
     floats = {key: ref.reshape(-1) for key, ref in reference.items() if ref.dtype.kind in "fc"}  # flattened once
-    for key in floats:
-        for w in updates:
-            if np.shape(w[key]) != reference[key].shape:
-                raise ValueError(f"array '{key}' has shape {np.shape(w[key])}, expected {reference[key].shape}")
-    flat = {key: [np.reshape(w[key], -1) for w in updates] for key in floats}
+    flat = _flattened(updates, reference, list(floats), [""] * len(updates))
 
     def norms(key: str, lo: int, hi: int) -> tuple[float, float]:
         num = 0.0
@@ -142,6 +134,18 @@ def drift_diversity(updates: list[ArrayDict], reference: ArrayDict) -> float:
     num = math.fsum(p[0] for p in parts)
     den = math.fsum(p[1] for p in parts)
     return num / den if den > 0 else float("nan")
+
+
+def _flattened(arrays: list[ArrayDict], reference: ArrayDict, keys: list[str], names: list[str]) -> dict[str, list[np.ndarray]]:
+    """Each of ``arrays``' values of ``keys``, flattened (a view where it can be), once its shape is
+    checked against ``reference``: check_reply's layout check, kept here for callers that skip it,
+    as a span's copy of flat values would take a (2, 2) array for a (4,) one. ``names``: each
+    one's prefix in the error."""
+    for key in keys:
+        for values, name in zip(arrays, names):
+            if np.shape(values[key]) != reference[key].shape:
+                raise ValueError(f"{name}array '{key}' has shape {np.shape(values[key])}, expected {reference[key].shape}")
+    return {key: [np.reshape(values[key], -1) for values in arrays] for key in keys}
 
 
 _pool: ThreadPoolExecutor | None = None

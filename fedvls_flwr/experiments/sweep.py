@@ -311,8 +311,7 @@ def _record_start(output_dir: Path, run_config: dict[str, Any], federation: dict
     return name
 
 
-def _taken_meanwhile(output_dir: Path, name: str, statuses: dict[str, str], log: Callable[[str], None],
-                     header: str) -> bool:
+def _taken_meanwhile(output_dir: Path, name: str, statuses: dict[str, str], log: Callable[[str], None]) -> bool:
     """Whether another process (another sweep on the same folder) has taken run ``name`` since
     this sweep planned it: it runs it now (it holds the folder's run.lock), or it finished it
     (summary.json). The first is said as the refusal the run would meet; the second is skipped
@@ -325,12 +324,10 @@ def _taken_meanwhile(output_dir: Path, name: str, statuses: dict[str, str], log:
     run_dir = output_dir / name
     if (holder := lock_holder(run_dir)) is not None:
         statuses[name] = "failed (its run folder is in use by another process)"
-        log(header)  # its "(i/N)" line, as every run of the plan has one
         log(f"[sweep]     {name}: not started: {busy_message(run_dir, holder, resume=True)}")
         return True
     if (run_dir / SUMMARY_FILE).exists():
         statuses[name] = "skipped (finished meanwhile, by another process)"
-        log(header)
         log(f"[sweep]     {name}: finished meanwhile by another process (another sweep on {output_dir}?); skipped")
         return True
     return False
@@ -363,12 +360,11 @@ def _run_with_flwr(todo: list, planned: list, output_dir: Path, statuses: dict[s
             link = stack.enter_context(LocalSuperLink(home, port_range=port_range, env_extra=env_extra))
             app = app_folder(output_dir / ".flwr-app")  # the checkout, or (an installed package) a folder naming it
             for i, (run_config, federation, identity) in enumerate(todo, 1):
-                if _taken_meanwhile(output_dir, run_config["run-name"], statuses, log,
-                                    f"[sweep] ({i}/{len(todo)}) {run_config['run-name']} ..."):
+                log(f"[sweep] ({i}/{len(todo)}) {run_config['run-name']} ...")  # taken meanwhile or not
+                if _taken_meanwhile(output_dir, run_config["run-name"], statuses, log):
                     continue
                 t0 = time.perf_counter()
                 name = _record_start(output_dir, run_config, federation, identity)
-                log(f"[sweep] ({i}/{len(todo)}) {name} ...")
                 progress.start(i - 1, output_dir / name)
                 run_id = link.submit(app, run_config=run_config, federation_config=federation)
                 with progress.following():
@@ -451,12 +447,11 @@ def _run_in_process(todo: list, planned: list, output_dir: Path, statuses: dict[
             while pending or pool.free < parallel:
                 while pending and pool.free > 0:
                     job = pending.pop(0)
-                    if _taken_meanwhile(output_dir, job.key, statuses, log,
-                                        f"[sweep] ({index[job.key] + 1}/{len(jobs)}) {job.key} ..."):
+                    log(f"[sweep] ({index[job.key] + 1}/{len(jobs)}) {job.key} ...")  # taken meanwhile or not
+                    if _taken_meanwhile(output_dir, job.key, statuses, log):
                         done += 1
                         continue
                     _record_start(output_dir, *started[job.key])  # the folder appears when its run starts
-                    log(f"[sweep] ({index[job.key] + 1}/{len(jobs)}) {job.key} ...")
                     if progress is not None:
                         progress.start(index[job.key], job.log.parent)
                     pool.submit(job)
