@@ -623,4 +623,10 @@ MUTATIONS: list[Mutation] = [
              "fedvls_flwr/ops/client_worker.py",
              "        layout = bulk.put_reply(frames.data)\n",
              "        layout = bulk.put(frames.data)\n", ("tests/test_client_workers.py",)),
+    Mutation("resume-rewrites-a-finished-run", "checkpoint and resume", "resume=true of a run that finished all its rounds runs "
+             "again with no round left and writes its final files as its own (wall_seconds of a fraction of a "
+             "second, resumed_after_round the last round)",
+             "fedvls_flwr/app/server.py",
+             "        if cfg.resume and (done := already_finished(",
+             "        if False and (done := already_finished(", RESUME),
 ]

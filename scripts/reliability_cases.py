@@ -314,6 +314,9 @@ CASES: tuple[Case, ...] = (
     check("resume-fewer-rounds", "resume a finished 4-round run with `num-server-rounds=2`",
           "output-dir='{tmp}/runs' run-name='ok' resume=true num-server-rounds=2", "--no-data",
           setup=run_folder("ok", 4, finished=True)),
+    check("resume-finished", "resume a finished 4-round run with the same `num-server-rounds=4`",
+          "output-dir='{tmp}/runs' run-name='ok' resume=true num-server-rounds=4", "--no-data",
+          setup=run_folder("ok", 4, finished=True)),
     check("fedgf-adaptive-no-threshold", "FedGF `fedgf-c-mode='adaptive'` without `fedgf-threshold`",
           "local-optimizer='fedgf' fedgf-c-mode='adaptive'", "--no-data"),
     # one run folder, one run; what no machine can serve; keys twice; an installed package's view

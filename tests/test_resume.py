@@ -454,6 +454,40 @@ def test_resuming_with_fewer_rounds_than_completed_is_refused_by_check_and_serve
                        f"output-dir='{tmp_path}' run-name='r' resume=true num-server-rounds=6"]) == 0
 
 
+def test_resuming_a_finished_run_leaves_its_files_as_they_are_and_says_so(tmp_path, caplog, capsys, straight):
+    """A finished run resumed with the rounds it ran. Before, the resume wrote its final files
+    again as its own: summary.json with this session's ~0 s as the run's wall_seconds and
+    resumed_after_round = 4 (what a second sweep on the same folder did to a run the first had
+    finished meanwhile). Now nothing is written, check and the server say why; more rounds
+    still continue it, and a run whose summary says it failed still gets its final files."""
+    run_dir = run_experiment(TrainingGrid(), config(tmp_path, resume=False))
+
+    def files() -> dict[str, tuple[bytes, int]]:
+        return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in run_dir.iterdir()
+                if p.is_file() and p.name != results.LOCK_FILE}
+
+    before = files()
+    said = "has already finished its 4 rounds (summary.json: completed); nothing to do"
+    with caplog.at_level(logging.INFO):
+        assert run_experiment(TrainingGrid(), config(tmp_path)) == run_dir
+    assert said in caplog.text and "resuming after round" not in caplog.text
+    assert files() == before
+    assert results.lock_holder(run_dir) is None  # the folder is free again
+    assert check_main(["--no-data", "--run-config", f"output-dir='{tmp_path}' run-name='r' resume=true "
+                       f"num-server-rounds={ROUNDS}"]) == 0
+    assert said in capsys.readouterr().err
+
+    run_experiment(TrainingGrid(), config(tmp_path, num_server_rounds=ROUNDS + 2))  # more rounds: it goes on
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["rounds_completed"], summary["resumed_after_round"]) == (ROUNDS + 2, ROUNDS)
+    assert accuracies(run_dir)[:ROUNDS + 1] == straight[1]
+
+    failed = {**summary, "status": "failed"}
+    (run_dir / "summary.json").write_text(json.dumps(failed))
+    run_experiment(TrainingGrid(), config(tmp_path, num_server_rounds=ROUNDS + 2))  # writes what a finished run has
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+
+
 def test_the_server_log_warns_of_rounds_that_would_never_end(tmp_path, caplog):
     """check says it, and so does the run's own log (a run submitted without check)."""
     from fedvls_flwr.app.server import ServerRun

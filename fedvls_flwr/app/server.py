@@ -52,6 +52,7 @@ from fedvls_flwr.app.results import (
     STATE_FILE,
     RunFolderLock,
     RunWriter,
+    already_finished,
     atomic_write_json,
     holds_run,
     jsonable,
@@ -173,6 +174,7 @@ class ServerRun:
             raise ConfigError(missing)  # (server_app says it before any heavy import; run_experiment's callers here)
         # one run per folder, for the run's life: a second run on it is refused now, naming this one
         self.lock = RunFolderLock(self.run_dir, what=_flower_run(grid, run_id), resume=cfg.resume).acquire()
+        self.finished: str | None = None  # resumed with no round left: what run() says instead of running
         try:
             self._open(grid, cfg)
         except BaseException:
@@ -184,6 +186,9 @@ class ServerRun:
         if (stale := self.lock.took_over_note()) is not None:
             log(WARNING, "%s", stale)
         self.start_round, saved_arrays, saved_rounds = _resume_point(cfg, self.run_dir)
+        if cfg.resume and (done := already_finished(self.run_dir, self.start_round, cfg.num_server_rounds)):
+            self.finished = done
+            return  # nothing more is read or written (run() says so)
         self.saved_round = self.start_round
         self.saving: Future[None] | None = None
         self.saver = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedvls-round-files")
@@ -397,6 +402,10 @@ class ServerRun:
             log(WARNING, "%s", problem.message)
 
     def run(self) -> Path:
+        if self.finished is not None:
+            self.lock.release()
+            log(INFO, "%s", self.finished)
+            return self.run_dir
         try:
             self.check_client_devices()
             initial = self.initial_arrays()

@@ -82,7 +82,14 @@ def check_output_dir(cfg: RunConfig, *, new_ok: bool = False) -> None:
         )
     if not cfg.run_name:
         return
-    from fedvls_flwr.app.results import busy_message, holds_run, lock_holder, missing_run_folder, read_resume_point
+    from fedvls_flwr.app.results import (
+        already_finished,
+        busy_message,
+        holds_run,
+        lock_holder,
+        missing_run_folder,
+        read_resume_point,
+    )
 
     run_dir = out / cfg.run_name
     if run_dir.exists() and not run_dir.is_dir():
@@ -101,6 +108,8 @@ def check_output_dir(cfg: RunConfig, *, new_ok: bool = False) -> None:
     point = read_resume_point(run_dir, cfg.to_flower())  # RunFolderError: which file, what to do
     for note in point.notes:
         print(f"note: resume: {note}", file=sys.stderr)
+    if (done := already_finished(run_dir, point.round, cfg.num_server_rounds)) is not None:
+        print(f"note: {done}", file=sys.stderr)
 
 
 def check_cuda(cfg: RunConfig) -> None:

@@ -318,7 +318,9 @@ def _taken_meanwhile(output_dir: Path, name: str, statuses: dict[str, str], log:
     as the plan skips a finished run. Asked in that order: the lock is held until the summary is
     written, so a run is never submitted in between - where, started with resume=true, it took
     the folder the moment the other let go and ran again with no round left, rewriting that
-    run's summary.json (wall_seconds 0.1 s, resumed_after_round the last round) and model."""
+    run's summary.json (wall_seconds 0.1 s, resumed_after_round the last round) and model. (The
+    window between this question and the run's start remains: a run finished in it is now left
+    alone by the ServerApp, :func:`fedvls_flwr.app.results.already_finished`.)"""
     from fedvls_flwr.app.results import busy_message, lock_holder
 
     run_dir = output_dir / name
