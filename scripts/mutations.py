@@ -98,7 +98,7 @@ MUTATIONS: list[Mutation] = [
     # ---- reply checks
     Mutation("nan-accepted", "reply checks", "a reply with NaN weights is averaged in",
              "fedvls_flwr/algorithms/aggregation.py",
-             'if arr.dtype.kind in "fc" and not np.isfinite(arr).all():', 'if arr.dtype.kind in "fc" and False:', AGG),
+             '    if (bad := _first_not_finite(floats)) is not None:', '    if (bad := _first_not_finite(floats)) and False:', AGG),
     Mutation("shape-unchecked", "reply checks", "a reply with a wrongly shaped array is not refused",
              "fedvls_flwr/algorithms/aggregation.py",
              "if arr.shape != ref.shape:", "if arr.shape != ref.shape and False:", AGG),
@@ -110,8 +110,8 @@ MUTATIONS: list[Mutation] = [
              "if arr.dtype != ref.dtype:", "if arr.dtype != ref.dtype and False:", AGG),
     Mutation("nan-checked-in-float32-only", "reply checks", "NaN and inf are looked for in float32 arrays only",
              "fedvls_flwr/algorithms/aggregation.py",
-             'if arr.dtype.kind in "fc" and not np.isfinite(arr).all():',
-             "if arr.dtype == np.float32 and not np.isfinite(arr).all():", AGG_PROPS),
+             '        if arr.dtype.kind in "fc":\n            floats[key]',
+             '        if arr.dtype == np.float32:\n            floats[key]', AGG_PROPS),
     Mutation("infinite-count-accepted", "reply checks", "a reply claiming infinitely many examples is accepted",
              "fedvls_flwr/algorithms/aggregation.py",
              "if not (np.isfinite(reply.num_examples) and reply.num_examples > 0):",
@@ -623,6 +623,11 @@ MUTATIONS: list[Mutation] = [
              "fedvls_flwr/ops/client_worker.py",
              "        layout = bulk.put_reply(frames.data)\n",
              "        layout = bulk.put(frames.data)\n", ("tests/test_client_workers.py",)),
+    Mutation("reply-check-misses-a-span-end", "reply checks", "the values of a reply are checked span by span, "
+             "each span one value short: a NaN at a span's last value (an array's last, say) is averaged in",
+             "fedvls_flwr/algorithms/aggregation.py",
+             "None if np.isfinite(flat[key][lo:hi]).all() else key",
+             "None if np.isfinite(flat[key][lo:hi - 1]).all() else key", ("tests/test_aggregation.py",)),
     Mutation("resume-rewrites-a-finished-run", "checkpoint and resume", "resume=true of a run that finished all its rounds runs "
              "again with no round left and writes its final files as its own (wall_seconds of a fraction of a "
              "second, resumed_after_round the last round)",

@@ -64,6 +64,33 @@ def test_check_reply_accepts_a_good_reply():
     assert check_reply(reply("ok", [[1, 2], [3, 4]], 3), REF) is None
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+def test_check_reply_names_the_first_array_that_is_not_finite_among_many_spans(threads):
+    """The values are checked span by span on the aggregation threads: the reason names the
+    first array, in the reference's order, with a NaN or inf anywhere in it (its last span
+    included), as the check array by array did; an array of other layout after it does not
+    hide it, one before it is named instead; complex, 0-d and empty arrays are checked too."""
+    ref = {"a": np.zeros(3 * SPAN + 5, np.float32), "b": np.zeros((SPAN, 3), np.float64),
+           "c": np.zeros(4, np.complex64), "d": np.array(0.5, np.float16), "e": np.zeros(0, np.float32),
+           "n": np.zeros(7, np.int64)}
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        assert check_reply(Reply("ok", {k: v.copy() for k, v in ref.items()}, 1, {}), ref) is None
+        for key, where, value in (("a", -1, np.nan), ("a", SPAN, np.inf), ("b", -1, -np.inf),
+                                  ("c", 2, complex(0, np.inf)), ("d", 0, np.inf)):
+            arrays = {k: v.copy() for k, v in ref.items()}
+            arrays[key][np.unravel_index(where % arrays[key].size, arrays[key].shape)] = value
+            assert check_reply(Reply("x", arrays, 1, {}), ref) == f"array '{key}' contains NaN or inf", (key, where)
+            later = {**arrays, "n": np.zeros(8, np.int64)}  # a wrong shape after it
+            assert check_reply(Reply("x", later, 1, {}), ref) == f"array '{key}' contains NaN or inf"
+            if key != "a":
+                earlier = {**arrays, "a": np.zeros(3 * SPAN + 5, np.float64)}  # a wrong dtype before it
+                assert check_reply(Reply("x", earlier, 1, {}), ref) == "array 'a' has dtype float64, expected float32"
+    finally:
+        torch.set_num_threads(saved)
+
+
 def test_drift_diversity_hand_values():
     ref = {"w": np.zeros(2, np.float32)}
     # identical updates: sum ||m||^2 = 2, ||sum m||^2 = 4 -> 0.5
