@@ -137,70 +137,72 @@ def main() -> int:
     want_cuda = not args.cpu
     device = "CPU (--cpu rehearsal)" if args.cpu else torch.cuda.get_device_name(0)
     work = Path(tempfile.mkdtemp(prefix="fedvls-gpu-workers-"))
-    out, data = work / "runs", work / "data"
-    per_batch, pool4 = (16, 40) if args.cpu else (5000, 5000)  # 5 training batches; the 4-client runs' subsample
-    os.environ.update(cifar_env(work / "shim", write_tiny_cifar10(data, per_batch=per_batch,
-                                                                  n_test=20 if args.cpu else 1000)))
-    gpus4, gpus10 = (0.0, (0.0,)) if args.cpu else (0.25, (0.25, 0.1))
-    base = {"dataset": "cifar10", "data-dir": str(data), "method": "fedavg", "local-epochs": 1,
-            "batch-size": 8 if args.cpu else 64,
-            "augment": True, "amp": not args.cpu, "partition": "iid" if args.cpu else "dirichlet", "dirichlet-beta": 0.5,
-            "num-server-rounds": args.rounds, "device": "cpu" if args.cpu else "cuda", "output-dir": str(out),
-            **settings}
-    if settings:
-        device += "; every run with " + ", ".join(f"{k}={v}" for k, v in settings.items())
-    four = {**base, "train-pool-size": pool4}
-    models = ["mobilenetv2", "resnet18"]
-    results: list[dict] = []
+    try:  # the work folder goes whatever happens (--keep: it stays, named)
+        out, data = work / "runs", work / "data"
+        per_batch, pool4 = (16, 40) if args.cpu else (5000, 5000)  # 5 training batches; the 4-client runs' subsample
+        os.environ.update(cifar_env(work / "shim", write_tiny_cifar10(data, per_batch=per_batch,
+                                                                      n_test=20 if args.cpu else 1000)))
+        gpus4, gpus10 = (0.0, (0.0,)) if args.cpu else (0.25, (0.25, 0.1))
+        base = {"dataset": "cifar10", "data-dir": str(data), "method": "fedavg", "local-epochs": 1,
+                "batch-size": 8 if args.cpu else 64,
+                "augment": True, "amp": not args.cpu, "partition": "iid" if args.cpu else "dirichlet", "dirichlet-beta": 0.5,
+                "num-server-rounds": args.rounds, "device": "cpu" if args.cpu else "cuda", "output-dir": str(out),
+                **settings}
+        if settings:
+            device += "; every run with " + ", ".join(f"{k}={v}" for k, v in settings.items())
+        four = {**base, "train-pool-size": pool4}
+        models = ["mobilenetv2", "resnet18"]
+        results: list[dict] = []
 
-    def record(res: dict, workload: str, engine: str) -> None:
-        res.update(workload=workload, engine=engine)
-        results.append(res)
-        print(json.dumps(res), flush=True)
+        def record(res: dict, workload: str, engine: str) -> None:
+            res.update(workload=workload, engine=engine)
+            results.append(res)
+            print(json.dumps(res), flush=True)
 
-    def four_clients(model: str) -> str:
-        return f"{model}, 4 clients at {gpus4:g} GPU, {pool4:,} images"
+        def four_clients(model: str) -> str:
+            return f"{model}, 4 clients at {gpus4:g} GPU, {pool4:,} images"
 
-    # the workers first (one pool of 4 for the 4-client runs and the 10 clients at 0.25), then one worker
-    for model in models:
-        if budget.allows(f"in-process workers, {model}", 25):
-            record(in_process(four_clients(model), {**four, "model": model, "run-name": f"{model}-workers"}, 4, gpus4,
-                              None, pool4, want_cuda), four_clients(model), "in-process, workers")
-    for share in gpus10:
-        workload = f"resnet18, 10 clients at {share:g} GPU, {5 * per_batch:,} images"
-        if budget.allows(f"in-process workers, {workload}", 35):
-            record(in_process(workload, {**base, "model": "resnet18", "run-name": f"resnet18-10-{share:g}"}, 10,
-                              share, None, 5 * per_batch, want_cuda), workload, "in-process, workers")
-    for model in models:
-        if budget.allows(f"in-process 1 worker, {model}", 30):
-            record(in_process(four_clients(model), {**four, "model": model, "run-name": f"{model}-one"}, 4, gpus4,
-                              1, pool4, want_cuda), four_clients(model), "in-process, 1 worker")
-    from fedvls_flwr.ops.inprocess import close_kept_pool
+        # the workers first (one pool of 4 for the 4-client runs and the 10 clients at 0.25), then one worker
+        for model in models:
+            if budget.allows(f"in-process workers, {model}", 25):
+                record(in_process(four_clients(model), {**four, "model": model, "run-name": f"{model}-workers"}, 4, gpus4,
+                                  None, pool4, want_cuda), four_clients(model), "in-process, workers")
+        for share in gpus10:
+            workload = f"resnet18, 10 clients at {share:g} GPU, {5 * per_batch:,} images"
+            if budget.allows(f"in-process workers, {workload}", 35):
+                record(in_process(workload, {**base, "model": "resnet18", "run-name": f"resnet18-10-{share:g}"}, 10,
+                                  share, None, 5 * per_batch, want_cuda), workload, "in-process, workers")
+        for model in models:
+            if budget.allows(f"in-process 1 worker, {model}", 30):
+                record(in_process(four_clients(model), {**four, "model": model, "run-name": f"{model}-one"}, 4, gpus4,
+                                  1, pool4, want_cuda), four_clients(model), "in-process, 1 worker")
+        from fedvls_flwr.ops.inprocess import close_kept_pool
 
-    close_kept_pool()  # the GPU to Ray
-    if not args.skip_ray and budget.allows("Ray simulations", 60):
-        from fedvls_flwr.ops.flower_cli import flower_env
-        from fedvls_flwr.ops.launch import LocalSuperLink
-        from fedvls_flwr.ops.ray_cluster import RayHead
+        close_kept_pool()  # the GPU to Ray
+        if not args.skip_ray and budget.allows("Ray simulations", 60):
+            from fedvls_flwr.ops.flower_cli import flower_env
+            from fedvls_flwr.ops.launch import LocalSuperLink
+            from fedvls_flwr.ops.ray_cluster import RayHead
 
-        env = {k: os.environ[k] for k in ("FEDVLS_BENCH_CIFAR_MD5", "PYTHONPATH")}
-        home = work / "flwr-home"  # one SuperLink; one Ray head on 127.0.0.1 that both runs join
-        with RayHead(env=flower_env(home, **env)) as head, \
-                LocalSuperLink(home, env_extra={**env, "RAY_ADDRESS": head.address}) as link:
-            for model in models:
-                if budget.allows(f"Ray simulation, {model}", 30):
-                    record(with_ray(link, four_clients(model), {**four, "model": model, "run-name": f"{model}-ray"},
-                                    4, gpus4, pool4, want_cuda, args.timeout), four_clients(model), "Ray simulation")
-    print()
-    print(table(results, device))
-    if args.out:
-        args.out.write_text(json.dumps({"device": device, "machine": platform.node(), "cores": os.cpu_count(),
-                                        "rounds": args.rounds, "settings": settings, "results": results}, indent=1))
-    if not args.keep:
-        shutil.rmtree(work, ignore_errors=True)
-    else:
-        print(f"\nkept: {work}")
-    return 0 if results and all(r.get("ok") for r in results) else 1
+            env = {k: os.environ[k] for k in ("FEDVLS_BENCH_CIFAR_MD5", "PYTHONPATH")}
+            home = work / "flwr-home"  # one SuperLink; one Ray head on 127.0.0.1 that both runs join
+            with RayHead(env=flower_env(home, **env)) as head, \
+                    LocalSuperLink(home, env_extra={**env, "RAY_ADDRESS": head.address}) as link:
+                for model in models:
+                    if budget.allows(f"Ray simulation, {model}", 30):
+                        record(with_ray(link, four_clients(model), {**four, "model": model, "run-name": f"{model}-ray"},
+                                        4, gpus4, pool4, want_cuda, args.timeout), four_clients(model), "Ray simulation")
+        print()
+        print(table(results, device))
+        if args.out:
+            args.out.write_text(json.dumps({"device": device, "machine": platform.node(), "cores": os.cpu_count(),
+                                            "rounds": args.rounds, "settings": settings, "results": results}, indent=1))
+        return 0 if results and all(r.get("ok") for r in results) else 1
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            print(f"\nkept: {work}")
 
 
 if __name__ == "__main__":

@@ -119,81 +119,84 @@ def main() -> int:
         return 2
     want_cuda = not args.cpu
     work = Path(tempfile.mkdtemp(prefix="fedvls-gpu-check-"))
-    data, out = work / "data", work / "runs"
-    per_batch = 50 if args.cpu else 1000
-    sums = write_tiny_cifar10(data, per_batch=per_batch, n_test=200 if args.cpu else 1000)
-    n_fmnist = 800 if args.cpu else 12000
-    write_idx_dataset(data / "FashionMNIST" / "raw", n_train=n_fmnist, n_test=400 if args.cpu else 2000)
-    env = cifar_env(work / "shim", sums)  # every process accepts the generated CIFAR files
-    federation = {"num-supernodes": 4, "client-resources-num-cpus": 1,
-                  "client-resources-num-gpus": 0 if args.cpu else 0.25}
-    base = {"data-dir": str(data), "output-dir": str(out), "num-server-rounds": args.rounds, "local-epochs": 1,
-            "partition": "dirichlet", "dirichlet-beta": 0.5, "device": "cpu" if args.cpu else "cuda",
-            "amp": not args.cpu, "min-nodes": 4}
-    results = []
-    mobilenet = {"dataset": "cifar10", "model": "mobilenetv2", "augment": True}
-    home = work / "flwr-home"
-    if budget.allows("Ray simulations (MobileNetV2)", 60):
-        with RayHead(env={**flower_env(home), **env}) as head, \
-                LocalSuperLink(home, env_extra={**env, "RAY_ADDRESS": head.address}) as link:
-            for method in ("fedavg", "fedvls"):
-                if not budget.allows(f"Ray simulation, mobilenetv2, {method}", 30):
-                    continue
-                res = run_workload(link, f"mobilenetv2 / cifar10-format, {method} (Ray simulation)",
-                                   {**base, **mobilenet, "method": method, "run-name": f"mobilenetv2-{method}"},
-                                   federation, out, args.timeout, want_cuda)
-                res["images_per_s"] = 5 * per_batch / res["steady_round_s"] if "steady_round_s" in res else None
-                results.append(res)
-                print(json.dumps(res), flush=True)
-    cnn = {k: v for k, v in base.items() if k not in ("output-dir", "min-nodes")} | {"dataset": "fmnist", "model": "cnn"}
-    os.environ.update(env)  # the in-process engine reads the generated data in this process
-    for method in ("fedavg", "fedvls"):
-        if not budget.allows(f"in-process, cnn, {method}", 15):
-            continue
-        res = in_process(f"cnn / fmnist-format, {method} (in-process engine)",
-                         {**cnn, "method": method, "output-dir": str(out), "run-name": f"cnn-{method}"}, out, want_cuda)
-        res["images_per_s"] = n_fmnist / res["steady_round_s"] if "steady_round_s" in res else None
-        results.append(res)
-        print(json.dumps(res), flush=True)
-    plain = {}
-    for method in ("fedavg", "fedvls"):
-        if budget.allows(f"plain loop, cnn, {method}", 10):
-            plain[method] = plain_loop({**cnn, "method": method, "amp": False}, args.rounds)
-            print(json.dumps({"plain loop, cnn / fmnist-format": method, "steady_round_s": plain[method]}), flush=True)
-    if not args.skip_deployment and budget.allows("deployment, 2 SuperNodes", 60):
-        deployed = deployment_round({**cnn, "method": "fedvls", "num-server-rounds": 2, "min-nodes": 2,
-                                     "output-dir": str(out), "run-name": "deployment"}, work, args.timeout, want_cuda)
-        results.append(deployed)
-        print(json.dumps(deployed), flush=True)
+    try:  # the work folder goes whatever happens (--keep: it stays, named)
+        data, out = work / "data", work / "runs"
+        per_batch = 50 if args.cpu else 1000
+        sums = write_tiny_cifar10(data, per_batch=per_batch, n_test=200 if args.cpu else 1000)
+        n_fmnist = 800 if args.cpu else 12000
+        write_idx_dataset(data / "FashionMNIST" / "raw", n_train=n_fmnist, n_test=400 if args.cpu else 2000)
+        env = cifar_env(work / "shim", sums)  # every process accepts the generated CIFAR files
+        federation = {"num-supernodes": 4, "client-resources-num-cpus": 1,
+                      "client-resources-num-gpus": 0 if args.cpu else 0.25}
+        base = {"data-dir": str(data), "output-dir": str(out), "num-server-rounds": args.rounds, "local-epochs": 1,
+                "partition": "dirichlet", "dirichlet-beta": 0.5, "device": "cpu" if args.cpu else "cuda",
+                "amp": not args.cpu, "min-nodes": 4}
+        results = []
+        mobilenet = {"dataset": "cifar10", "model": "mobilenetv2", "augment": True}
+        home = work / "flwr-home"
+        if budget.allows("Ray simulations (MobileNetV2)", 60):
+            with RayHead(env={**flower_env(home), **env}) as head, \
+                    LocalSuperLink(home, env_extra={**env, "RAY_ADDRESS": head.address}) as link:
+                for method in ("fedavg", "fedvls"):
+                    if not budget.allows(f"Ray simulation, mobilenetv2, {method}", 30):
+                        continue
+                    res = run_workload(link, f"mobilenetv2 / cifar10-format, {method} (Ray simulation)",
+                                       {**base, **mobilenet, "method": method, "run-name": f"mobilenetv2-{method}"},
+                                       federation, out, args.timeout, want_cuda)
+                    res["images_per_s"] = 5 * per_batch / res["steady_round_s"] if "steady_round_s" in res else None
+                    results.append(res)
+                    print(json.dumps(res), flush=True)
+        cnn = {k: v for k, v in base.items() if k not in ("output-dir", "min-nodes")} | {"dataset": "fmnist", "model": "cnn"}
+        os.environ.update(env)  # the in-process engine reads the generated data in this process
+        for method in ("fedavg", "fedvls"):
+            if not budget.allows(f"in-process, cnn, {method}", 15):
+                continue
+            res = in_process(f"cnn / fmnist-format, {method} (in-process engine)",
+                             {**cnn, "method": method, "output-dir": str(out), "run-name": f"cnn-{method}"}, out, want_cuda)
+            res["images_per_s"] = n_fmnist / res["steady_round_s"] if "steady_round_s" in res else None
+            results.append(res)
+            print(json.dumps(res), flush=True)
+        plain = {}
+        for method in ("fedavg", "fedvls"):
+            if budget.allows(f"plain loop, cnn, {method}", 10):
+                plain[method] = plain_loop({**cnn, "method": method, "amp": False}, args.rounds)
+                print(json.dumps({"plain loop, cnn / fmnist-format": method, "steady_round_s": plain[method]}), flush=True)
+        if not args.skip_deployment and budget.allows("deployment, 2 SuperNodes", 60):
+            deployed = deployment_round({**cnn, "method": "fedvls", "num-server-rounds": 2, "min-nodes": 2,
+                                         "output-dir": str(out), "run-name": "deployment"}, work, args.timeout, want_cuda)
+            results.append(deployed)
+            print(json.dumps(deployed), flush=True)
 
-    device = "CPU (--cpu)" if args.cpu else torch.cuda.get_device_name(0)
-    print(f"\nGPU check on {device}: {args.rounds} rounds, 4 simulated clients (Ray: "
-          f"{federation['client-resources-num-gpus']} GPU each), 1 local epoch\n")
-    print("| workload | status | steady s/round | training img/s | peak GPU MiB (a client) | clients on | ok | FedVLS / FedAvg |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for i, res in enumerate(results):
-        ratio = ""
-        if i in (1, 3) and "steady_round_s" in res and "steady_round_s" in results[i - 1]:
-            ratio = f"{res['steady_round_s'] / results[i - 1]['steady_round_s']:.2f}x"
-        if "steady_round_s" in res:
-            peak = "-" if res.get("peak_gpu_mb") is None else f"{res['peak_gpu_mb']:,.0f}"
-            img = "-" if res.get("images_per_s") is None else f"{res['images_per_s']:,.0f}"
-            print(f"| {res['name']} | {res['status']} | {res['steady_round_s']:.2f} | {img} | {peak} "
-                  f"| {', '.join(res['devices'])} | {res['ok']} | {ratio} |")
+        device = "CPU (--cpu)" if args.cpu else torch.cuda.get_device_name(0)
+        print(f"\nGPU check on {device}: {args.rounds} rounds, 4 simulated clients (Ray: "
+              f"{federation['client-resources-num-gpus']} GPU each), 1 local epoch\n")
+        print("| workload | status | steady s/round | training img/s | peak GPU MiB (a client) | clients on | ok "
+              "| FedVLS / FedAvg |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        for i, res in enumerate(results):
+            ratio = ""
+            if i in (1, 3) and "steady_round_s" in res and "steady_round_s" in results[i - 1]:
+                ratio = f"{res['steady_round_s'] / results[i - 1]['steady_round_s']:.2f}x"
+            if "steady_round_s" in res:
+                peak = "-" if res.get("peak_gpu_mb") is None else f"{res['peak_gpu_mb']:,.0f}"
+                img = "-" if res.get("images_per_s") is None else f"{res['images_per_s']:,.0f}"
+                print(f"| {res['name']} | {res['status']} | {res['steady_round_s']:.2f} | {img} | {peak} "
+                      f"| {', '.join(res['devices'])} | {res['ok']} | {ratio} |")
+            else:
+                print(f"| {res['name']} | {res['status']} | - | - | - | - | False | |")
+        if len(plain) == 2:
+            print(f"| plain PyTorch loop, cnn / fmnist-format, same device | - | FedAvg {plain['fedavg']:.2f}, "
+                  f"FedVLS {plain['fedvls']:.2f} | - | - | {device} | - | {plain['fedvls'] / plain['fedavg']:.2f}x |")
+            engine = {r["name"].split(", ")[1].split(" ")[0]: r["steady_round_s"] for r in results
+                      if "in-process" in r["name"] and "steady_round_s" in r}
+            for method, seconds in engine.items():
+                print(f"\nin-process engine / plain loop, cnn, {method}: {seconds / plain[method]:.2f}x")
+        return 0 if results and all(r.get("ok") for r in results) else 1
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
         else:
-            print(f"| {res['name']} | {res['status']} | - | - | - | - | False | |")
-    if len(plain) == 2:
-        print(f"| plain PyTorch loop, cnn / fmnist-format, same device | - | FedAvg {plain['fedavg']:.2f}, "
-              f"FedVLS {plain['fedvls']:.2f} | - | - | {device} | - | {plain['fedvls'] / plain['fedavg']:.2f}x |")
-        engine = {r["name"].split(", ")[1].split(" ")[0]: r["steady_round_s"] for r in results
-                  if "in-process" in r["name"] and "steady_round_s" in r}
-        for method, seconds in engine.items():
-            print(f"\nin-process engine / plain loop, cnn, {method}: {seconds / plain[method]:.2f}x")
-    if not args.keep:
-        shutil.rmtree(work, ignore_errors=True)
-    else:
-        print(f"\nkept: {work}")
-    return 0 if results and all(r.get("ok") for r in results) else 1
+            print(f"\nkept: {work}")
 
 
 if __name__ == "__main__":

@@ -82,6 +82,8 @@ WORK_FOLDERS = [
     ("bench/bench_clientapp.py", "prepare", []),
     ("scripts/fixed_seed_accuracies.py", "fedvls_flwr.ops.launch.LocalSuperLink", ["{out}"]),
     ("bench/bench_round.py", "LocalSuperLink", ["--variants", "app", "--output-dir", "{out}"]),
+    ("bench/gpu_check.py", "write_tiny_cifar10", ["--cpu"]),  # its data folder was kept after an error
+    ("bench/bench_gpu_workers.py", "write_tiny_cifar10", ["--cpu"]),
 ]
 
 
