@@ -634,4 +634,9 @@ MUTATIONS: list[Mutation] = [
              "fedvls_flwr/app/server.py",
              "        if cfg.resume and (done := already_finished(",
              "        if False and (done := already_finished(", RESUME),
+    Mutation("sweep-claims-a-run-another-finished", "presets", "a run another sweep finished just before this one "
+             "started it comes back completed (its ServerApp leaves it alone) and is reported as this sweep's run",
+             "fedvls_flwr/experiments/sweep.py",
+             "    if before is None or _summary_stamp(output_dir, name) != before:",
+             "    if True:", ("tests/test_presets.py",)),
 ]

@@ -476,6 +476,90 @@ def test_a_run_another_sweep_took_meanwhile_is_not_started_again(tmp_path, monke
                    in line for line in logs), logs
 
 
+@pytest.mark.parametrize("engine", ["flwr", "inprocess"])
+def test_a_run_another_sweep_finished_just_before_it_started_is_said_as_taken(tmp_path, monkeypatch, engine):
+    """The other sweep finishes the run after this one asked (no lock, no summary) and before it
+    submitted it: the run's ServerApp finds every round done and writes nothing, and comes back
+    completed. It was reported as this sweep's run ("best ..., 0.1s"); it is said as taken
+    meanwhile. A run that writes its own summary (the first) is this sweep's, as before."""
+    import json
+
+    from fedvls_flwr.experiments import sweep
+    from fedvls_flwr.ops import run_pool
+
+    path = tmp_path / "p.yaml"
+    path.write_text("base: {dataset: digits, num-server-rounds: 2}\ngrid: {method: [fedavg, fedvls]}\n"
+                    "federation: {num-supernodes: 2, client-resources-num-cpus: 1}\n")
+    preset = load_preset(path)
+    first, second = (r["run-name"] for r in preset.runs)
+    out = tmp_path / "out"
+    theirs = {"status": "completed", "best_accuracy": 0.7, "best_round": 2, "final_accuracy": 0.7}
+    record_start = sweep._record_start
+
+    def record_then_theirs(output_dir, run_config, *rest):
+        name = record_start(output_dir, run_config, *rest)
+        if name == second:  # the other sweep's ServerApp writes its summary now, in the window
+            (output_dir / name / "summary.json").write_text(json.dumps(theirs))
+        return name
+
+    def run(name: str) -> None:
+        """The ServerApp: the first run trains and writes its summary; the second is finished."""
+        if name == first:
+            (out / name / "summary.json").write_text(json.dumps({**theirs, "best_accuracy": 0.5}))
+
+    class Pool:
+        def __init__(self, **kwargs):
+            self.busy = []
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        @property
+        def free(self):
+            return 1 - len(self.busy)
+
+        def submit(self, job):
+            run(job.key)
+            self.busy.append(job)
+
+        def wait(self, poll=0.5):
+            while self.busy:
+                yield run_pool.Outcome(self.busy.pop().key, "completed")
+
+    class Outcome:
+        status, completed, log = "completed", True, ""
+
+    class Link:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def submit(self, app, run_config, federation_config):
+            run(run_config["run-name"])
+            return 1
+
+        def wait(self, run_id, timeout):
+            return Outcome()
+
+    monkeypatch.setattr(sweep, "_record_start", record_then_theirs)
+    monkeypatch.setattr(run_pool, "RunPool", Pool)
+    monkeypatch.setattr(sweep, "LocalSuperLink", Link)
+    logs: list[str] = []
+    result = sweep.run_preset(preset, out, report=False, engine=engine, shared_ray=False, log=logs.append)
+    assert result["statuses"] == {first: "completed", second: "skipped (finished meanwhile, by another process)"}, logs
+    assert any(f"{first}: best 50.00%" in line for line in logs), logs
+    assert any(f"{second}: finished meanwhile by another process" in line for line in logs), logs
+    assert not any(f"{second}: best" in line for line in logs), logs
+
+
 def test_a_sweep_stopped_in_its_report_says_the_command_writes_the_report(tmp_path):
     """Ctrl-C while the sweep wrote its report (every run finished) said "3 of 3 runs are finished
     ..., and a run stopped midway keeps its saved rounds; to continue (... the others resume)":

@@ -482,10 +482,31 @@ def test_resuming_a_finished_run_leaves_its_files_as_they_are_and_says_so(tmp_pa
     assert (summary["rounds_completed"], summary["resumed_after_round"]) == (ROUNDS + 2, ROUNDS)
     assert accuracies(run_dir)[:ROUNDS + 1] == straight[1]
 
-    failed = {**summary, "status": "failed"}
-    (run_dir / "summary.json").write_text(json.dumps(failed))
-    run_experiment(TrainingGrid(), config(tmp_path, num_server_rounds=ROUNDS + 2))  # writes what a finished run has
-    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+    more = config(tmp_path, num_server_rounds=ROUNDS + 2)
+    for damage in ("says it failed", "names fewer rounds", "no final model"):  # the resume writes what a finished run has
+        if damage == "no final model":
+            (run_dir / "model_final.npz").unlink()
+        else:
+            key, value = ("status", "failed") if damage == "says it failed" else ("rounds_completed", ROUNDS)
+            (run_dir / "summary.json").write_text(json.dumps({**summary, key: value}))
+        run_experiment(TrainingGrid(), more)
+        again = json.loads((run_dir / "summary.json").read_text())
+        assert (again["status"], again["rounds_completed"], again["resumed_after_round"]) == ("completed", ROUNDS + 2,
+                                                                                          ROUNDS + 2), damage
+        assert (run_dir / "model_final.npz").exists(), damage
+
+
+def test_resuming_a_finished_run_with_tracking_writes_only_the_trackers_files(tmp_path, caplog):
+    """Tracking may be added on resume, and a finished run gets its event files so (docs/tracking.md):
+    written from rounds.jsonl, the run's other files left as they are."""
+    pytest.importorskip("tensorboard")
+    run_dir = run_experiment(TrainingGrid(), config(tmp_path, resume=False))
+    summary = (run_dir / "summary.json").read_bytes()
+    with caplog.at_level(logging.INFO):
+        run_experiment(TrainingGrid(), config(tmp_path, tracking="tensorboard"))
+    assert "only its tensorboard files are written again (from rounds.jsonl)" in caplog.text
+    assert list(run_dir.rglob("events.out.tfevents.*"))
+    assert (run_dir / "summary.json").read_bytes() == summary
 
 
 def test_the_server_log_warns_of_rounds_that_would_never_end(tmp_path, caplog):

@@ -537,20 +537,22 @@ def _check_not_past_the_end(run_dir: Path, config: dict[str, Any], done: int) ->
         )
 
 
-def already_finished(run_dir: Path, done: int, asked: int) -> str | None:
-    """What resuming a run that has finished every round asked of it does: nothing - said, with
-    how to train it further; None when there is something to do. A resumed run with no round
-    left used to write its final files again, as if it had just run: summary.json took this
-    session's 0.1 s for the run's wall_seconds and the last round for resumed_after_round (a
-    second sweep on the same folder did it to runs the first had finished meanwhile). A run
+def already_finished(run_dir: Path, done: int, asked: int, tracking: str = "none") -> str | None:
+    """What resuming a run that has finished every round asked of it does: nothing but its
+    tracker's files (``tracking`` asked: written again from rounds.jsonl, as any resume does) -
+    said, with how to train it further; None when there is something to do. A resumed run with
+    no round left used to write its final files again, as if it had just run: summary.json took
+    this session's 0.1 s for the run's wall_seconds and the last round for resumed_after_round
+    (a second sweep on the same folder did it to runs the first had finished meanwhile). A run
     whose summary.json or final model is missing, or says it failed, still writes them."""
     summary, _ = _read_json_file(Path(run_dir) / SUMMARY_FILE)
     if done < asked or not isinstance(summary, dict) or summary.get("status") != "completed" \
             or summary.get("rounds_completed") != done or not (Path(run_dir) / MODEL_FILE).exists():
         return None
+    what = ("nothing to do, its files are left as they are" if tracking == "none" else
+            f"only its {tracking} files are written again (from {ROUNDS_FILE}), its other files are left as they are")
     return (f"resume: the run in {run_dir} has already finished its {done} rounds ({SUMMARY_FILE}: completed); "
-            f"nothing to do, its files are left as they are. To train it further, resume with "
-            f"num-server-rounds > {done}")
+            f"{what}. To train it further, resume with num-server-rounds > {done}")
 
 
 def _rounds_up_to(rounds_path: Path, done: int, records: list[dict[str, Any]], bad: list[int],

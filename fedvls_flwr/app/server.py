@@ -186,10 +186,13 @@ class ServerRun:
         if (stale := self.lock.took_over_note()) is not None:
             log(WARNING, "%s", stale)
         self.start_round, saved_arrays, saved_rounds = _resume_point(cfg, self.run_dir)
-        if cfg.resume and (done := already_finished(self.run_dir, self.start_round, cfg.num_server_rounds)):
+        self.saved_round = self.start_round
+        if cfg.resume and (done := already_finished(self.run_dir, self.start_round, cfg.num_server_rounds, cfg.tracking)):
+            with self.results_written():  # a tracker asked for (e.g. added on resume): its files, as any resume writes them
+                if (tracker := open_tracker(cfg, self.run_dir, saved_rounds)) is not None:
+                    tracker.close()
             self.finished = done
             return  # nothing more is read or written (run() says so)
-        self.saved_round = self.start_round
         self.saving: Future[None] | None = None
         self.saver = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedvls-round-files")
         self.bundle = server_test_set(cfg)

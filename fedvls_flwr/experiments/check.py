@@ -108,7 +108,7 @@ def check_output_dir(cfg: RunConfig, *, new_ok: bool = False) -> None:
     point = read_resume_point(run_dir, cfg.to_flower())  # RunFolderError: which file, what to do
     for note in point.notes:
         print(f"note: resume: {note}", file=sys.stderr)
-    if (done := already_finished(run_dir, point.round, cfg.num_server_rounds)) is not None:
+    if (done := already_finished(run_dir, point.round, cfg.num_server_rounds, cfg.tracking)) is not None:
         print(f"note: {done}", file=sys.stderr)
 
 

@@ -335,6 +335,31 @@ def _taken_meanwhile(output_dir: Path, name: str, statuses: dict[str, str], log:
     return False
 
 
+def _summary_stamp(output_dir: Path, name: str) -> tuple[int, int, int] | None:
+    """Which summary.json run ``name``'s folder holds now (None: none), to tell later whether the
+    run wrote one (each write replaces the file: another inode, another time)."""
+    try:
+        st = (output_dir / name / SUMMARY_FILE).stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def _finished_by_another(output_dir: Path, name: str, before: tuple[int, int, int] | None, statuses: dict[str, str],
+                         log: Callable[[str], None]) -> bool:
+    """Whether run ``name``, which came back completed, had been finished by another process by
+    the time this sweep submitted it (``before``: its :func:`_summary_stamp` then, after
+    :func:`_taken_meanwhile` found none): its ServerApp found every round done and left the
+    folder alone (:func:`fedvls_flwr.app.results.already_finished`), so the summary.json there
+    is the other's. Said as a run taken meanwhile, not as one this sweep ran."""
+    if before is None or _summary_stamp(output_dir, name) != before:
+        return False
+    statuses[name] = "skipped (finished meanwhile, by another process)"
+    log(f"[sweep]     {name}: finished meanwhile by another process (another sweep on {output_dir}?), just before "
+        "this one started it: left as it was")
+    return True
+
+
 def _said_done(output_dir: Path, name: str, seconds: float, log: Callable[[str], None]) -> None:
     s = json.loads((output_dir / name / SUMMARY_FILE).read_text())
     log(f"[sweep]     {name}: best {100 * s['best_accuracy']:.2f}% (round {s['best_round']}), "
@@ -367,12 +392,15 @@ def _run_with_flwr(todo: list, planned: list, output_dir: Path, statuses: dict[s
                     continue
                 t0 = time.perf_counter()
                 name = _record_start(output_dir, run_config, federation, identity)
+                before = _summary_stamp(output_dir, name)
                 progress.start(i - 1, output_dir / name)
                 run_id = link.submit(app, run_config=run_config, federation_config=federation)
                 with progress.following():
                     outcome = link.wait(run_id, timeout=timeout)
                 progress.finish(planned[i - 1][1], outcome.status)
                 statuses[name] = outcome.status
+                if outcome.completed and _finished_by_another(output_dir, name, before, statuses, log):
+                    continue
                 if outcome.completed and (output_dir / name / SUMMARY_FILE).exists():
                     _said_done(output_dir, name, time.perf_counter() - t0, log)
                 else:
@@ -435,6 +463,7 @@ def _run_in_process(todo: list, planned: list, output_dir: Path, statuses: dict[
     parallel, shares = machine_shares([federation for _, federation, _ in todo], parallel, log, runs=len(todo))
     threads = max(1, int(shares[0].cores))
     jobs, started = [], {}
+    submitted: dict[str, tuple[int, int, int] | None] = {}  # each run's summary.json when it was submitted
     for run_config, federation, identity in todo:
         name = run_config["run-name"]
         started[name] = (run_config, federation, identity)
@@ -456,6 +485,7 @@ def _run_in_process(todo: list, planned: list, output_dir: Path, statuses: dict[
                     _record_start(output_dir, *started[job.key])  # the folder appears when its run starts
                     if progress is not None:
                         progress.start(index[job.key], job.log.parent)
+                    submitted[job.key] = _summary_stamp(output_dir, job.key)
                     pool.submit(job)
                 if progress is not None:
                     progress.poll()
@@ -465,7 +495,10 @@ def _run_in_process(todo: list, planned: list, output_dir: Path, statuses: dict[
                     if progress is not None:
                         progress.poll()  # the rounds that ended since the last look
                         progress.finish(planned[index[outcome.key]][1], outcome.status)
-                    if outcome.status == "completed" and (output_dir / outcome.key / SUMMARY_FILE).exists():
+                    if outcome.status == "completed" and _finished_by_another(output_dir, outcome.key,
+                                                                               submitted[outcome.key], statuses, log):
+                        pass
+                    elif outcome.status == "completed" and (output_dir / outcome.key / SUMMARY_FILE).exists():
                         _said_done(output_dir, outcome.key, outcome.seconds, log)
                     else:
                         log(f"[sweep]     {outcome.key}: {outcome.status} ({outcome.error}); log in "
