@@ -511,15 +511,30 @@ def test_a_killed_worker_fails_only_the_message_it_held_and_is_started_again():
     assert signal.SIGKILL.name in pool.crashes[0]
 
 
-@pytest.mark.parametrize("shared_memory", [True, False])
-def test_the_arrays_a_round_shares_go_to_each_worker_once(monkeypatch, tmp_path, shared_memory):
-    """Through shared memory, or (no /dev/shm, or no room there) through the connection: each
-    worker is sent the round's model once, however many of its messages it runs, and every
-    reply comes back whole."""
+@pytest.mark.parametrize("transport", ["memfd", "named", "socket"])
+def test_the_arrays_a_round_shares_go_to_each_worker_once(monkeypatch, tmp_path, transport):
+    """Through anonymous shared memory (memfd, handed over the socket), a named file (a system
+    without memfd), or through the connection (neither, or no room): each worker is sent the
+    round's model once, however many of its messages it runs, and every reply comes back whole.
+    No name is left behind; with memfd none is ever made."""
     from fedvls_flwr.ops import client_worker
 
-    if not shared_memory:
-        monkeypatch.setattr(client_worker, "SHM_DIR", tmp_path / "no-such-folder")
+    if transport == "memfd" and not hasattr(os, "memfd_create"):
+        pytest.skip("this system has no memfd_create")
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(client_worker, "SHM_DIR", shm if transport != "socket" else tmp_path / "no-such-folder")
+    if transport != "memfd":  # memfd: as the engine runs by default where the system has it
+        monkeypatch.setattr(client_worker, "USE_MEMFD", False)
+    named: list[str] = []
+    create = client_worker.Bulk.create
+
+    def noting(self, size, name):
+        path = create(self, size, name)
+        named.append(str(path))
+        return path
+
+    monkeypatch.setattr(client_worker.Bulk, "create", noting)
     sent: list[int] = []
     put = client_worker.Bulk.put
 
@@ -539,8 +554,12 @@ def test_the_arrays_a_round_shares_go_to_each_worker_once(monkeypatch, tmp_path,
         used = [s.bulk is not None and s.bulk.map is not None for s in pool.slots]
     large = [n for n in sent if n >= 4 * size]
     assert 2 <= len(large) <= 2 * 2, large  # each round: once per worker that took a message, not once per message
-    assert any(used) == shared_memory
-    assert not list(Path("/dev/shm").glob(f"fedvls-{os.getpid()}-*"))  # nothing left behind
+    assert any(used) == (transport != "socket")
+    made = {"memfd": lambda p: p == client_worker.MEMFD_PATH, "named": lambda p: p.startswith(str(shm)),
+            "socket": lambda p: p == "None"}[transport]
+    assert named and all(made(p) for p in named), named
+    assert list(shm.iterdir()) == []  # nothing left behind
+    assert not list(Path("/dev/shm").glob(f"fedvls-{os.getpid()}-*"))
 
 
 PARENT_KILLED_MID_ROUND = """
@@ -549,6 +568,9 @@ sys.path.insert(0, {root!r})
 from tests.runs import flower_run_identity
 from tests.test_client_workers import pool_grid, train_round
 
+from fedvls_flwr.ops import client_worker
+
+client_worker.USE_MEMFD = False  # a named file (systems without memfd): the one that could be left behind
 with flower_run_identity():
     grid, pool = pool_grid(workers=1, nodes=1)
     with pool:
@@ -558,9 +580,9 @@ with flower_run_identity():
 
 
 def test_a_parent_killed_mid_round_leaves_nothing_in_dev_shm(tmp_path):
-    """The shared-memory file a round opens is the worker's to unlink once mapped: SIGKILL to
-    the parent while its worker trains (no clean-up of its own can run; the worker ends with
-    it) leaves no file behind."""
+    """Where the shared memory is a named file (no memfd), it is the worker's to unlink once
+    mapped: SIGKILL to the parent while its worker trains (no clean-up of its own can run; the
+    worker ends with it) leaves no file behind. (An anonymous file has no name to leave.)"""
     import subprocess
     import sys
     import time

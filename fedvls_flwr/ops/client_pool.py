@@ -58,6 +58,7 @@ from flwr.common.constant import ErrorCode
 
 from fedvls_flwr.ops.client_worker import (
     HEADER_PROTOCOL,
+    MEMFD_PATH,
     WORKER_CODE,
     Bulk,
     Encoded,
@@ -123,7 +124,7 @@ class _Slot:
     bulk: Bulk | None = None                          # the shared-memory file with the worker
     unlink: str | None = None                         # its path, until the worker has mapped it
     reply_bytes: int = 0                              # the largest reply's arrays so far
-    shared_memory: bool = True                        # False: no room in /dev/shm, the socket only
+    shared_memory: bool = True                        # False: no room for a shared file, the socket only
 
 
 
@@ -403,6 +404,7 @@ class ClientPool:
             raise _Unqueued
         try:
             conn.send_bytes(header)
+            bulk.send_file()  # a new anonymous file, right after the message that names it
             bulk.send_rest(outgoing, layout)
         except OSError as err:
             raise _WorkerGone(self._gone_text(slot, task, err)) from None
@@ -453,10 +455,10 @@ class ClientPool:
             return None
         size = int(max(needed, 2 * outgoing) * 1.25) + 2**16
         path = bulk.create(size, f"fedvls-{os.getpid()}-{id(self):x}-{slot.index}-{next(self._numbers)}")
-        if path is None:  # no room in /dev/shm: the file it has, and for the rest the socket, from now on
+        if path is None:  # no room for a new file: the one it has, and for the rest the socket, from now on
             slot.shared_memory = False
             return None
-        slot.unlink = path
+        slot.unlink = None if path == MEMFD_PATH else path
         return path, size
 
     def _gone_text(self, slot: _Slot, task: _Task, err: BaseException) -> str:

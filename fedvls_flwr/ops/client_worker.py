@@ -28,6 +28,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import recv_handle, send_handle
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
@@ -45,8 +46,15 @@ from fedvls_flwr.ops.processes import die_with_parent
 __all__ = ["Bulk", "ClientGenerators", "client_threads", "decode_records", "encode_records", "generators_apart",
            "load_client_app", "run_client", "stamped", "worker_main"]
 
-#: Where the shared-memory files live (tmpfs); without it, everything goes through the socket.
+#: Where the shared-memory files live when the system has no anonymous ones (tmpfs); without
+#: either, everything goes through the socket.
 SHM_DIR = Path("/dev/shm")
+#: Anonymous shared memory (Linux: ``memfd_create``), handed to the worker over its socket: no
+#: name exists at any moment, so none can be left behind, and /dev/shm's size (64 MiB in a
+#: Docker container unless raised) does not cap it.
+USE_MEMFD = hasattr(os, "memfd_create")
+#: The path a segment names when its file comes as a descriptor right after the message.
+MEMFD_PATH = "<memfd>"
 #: The pickle protocol of the headers.
 HEADER_PROTOCOL = pickle.HIGHEST_PROTOCOL
 
@@ -281,38 +289,60 @@ class Bulk:
         self.map: mmap.mmap | None = None
         self.size = 0
         self.low_half_used = False  # (worker) the last reply went to the file's first half
+        self.file: int | None = None  # (parent) an anonymous file made and not yet handed over
 
     def attach(self, path: str, size: int) -> None:
-        """(worker) map the parent's file, and remove its name: both processes hold it mapped
-        now, and a name left in /dev/shm would outlive a parent killed before the reply."""
+        """(worker) map the parent's file: an anonymous one (``MEMFD_PATH``) comes as a descriptor
+        right after the message; a named one loses its name now - both processes hold it mapped,
+        and a name left in /dev/shm would outlive a parent killed before the reply."""
         self.close()
-        fd = os.open(path, os.O_RDWR)
+        fd = recv_handle(self.conn) if path == MEMFD_PATH else os.open(path, os.O_RDWR)
         try:
             self.map, self.size, self.low_half_used = mmap.mmap(fd, size), size, False
         finally:
             os.close(fd)
-            Path(path).unlink(missing_ok=True)
+            if path != MEMFD_PATH:
+                Path(path).unlink(missing_ok=True)
 
     def create(self, size: int, name: str) -> str | None:
-        """(parent) a new file of ``size`` bytes, mapped in place of the one it had; its path, or
-        None (no room): then the file it had stays mapped, as the worker keeps it and writes its
-        replies there, and what does not fit goes through the connection."""
+        """(parent) a new file of ``size`` bytes, mapped in place of the one it had; its path
+        (``MEMFD_PATH``: :meth:`send_file` hands it over after the message), or None (no room):
+        then the file it had stays mapped, as the worker keeps it and writes its replies there,
+        and what does not fit goes through the connection."""
         path = SHM_DIR / name
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            fd = os.memfd_create(name, os.MFD_CLOEXEC) if USE_MEMFD else os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         except OSError:
             return None
         try:
-            os.posix_fallocate(fd, 0, size)
+            os.posix_fallocate(fd, 0, size)  # the pages reserved now: no room is a clean None, never a SIGBUS later
             new = mmap.mmap(fd, size)
         except OSError:
-            path.unlink(missing_ok=True)
-            return None
-        finally:
             os.close(fd)
+            if not USE_MEMFD:
+                path.unlink(missing_ok=True)
+            return None
         self.close()
+        if USE_MEMFD:
+            self.file = fd
+        else:
+            os.close(fd)
         self.map, self.size = new, size
-        return str(path)
+        return MEMFD_PATH if USE_MEMFD else str(path)
+
+    def send_file(self) -> None:
+        """(parent) the anonymous file :meth:`create` made, to the worker, right after the message
+        that names it; this side keeps only its map."""
+        if self.file is not None:
+            try:
+                send_handle(self.conn, self.file, 0)
+            finally:
+                self.close_file()
+
+    def close_file(self) -> None:
+        if self.file is not None:
+            os.close(self.file)
+            self.file = None
 
     def put(self, blobs: list[bytes], start: int = 0, end: int | None = None) -> list[tuple[int | None, int]]:
         """Write what fits in [start, end) of the file; each blob's (offset, length), offset None:
@@ -348,6 +378,7 @@ class Bulk:
         if self.map is not None:
             self.map.close()
         self.map, self.size = None, 0
+        self.close_file()
 
 
 def _output_to(path: str) -> None:  # pragma: no cover - a worker process
