@@ -633,6 +633,13 @@ MUTATIONS: list[Mutation] = [
              "fedvls_flwr/algorithms/aggregation.py",
              "None if np.isfinite(flat[key][lo:hi]).all() else key",
              "None if np.isfinite(flat[key][lo:hi - 1]).all() else key", ("tests/test_aggregation.py",)),
+    Mutation("fd-handover-leaves-the-socket-nonblocking", "engine", "the shared file goes to a worker through a socket "
+             "object made under the app's socket.setdefaulttimeout: the connection turns non-blocking, its next read "
+             "fails and a healthy worker is taken for gone",
+             "fedvls_flwr/ops/client_worker.py",
+             '        sock.settimeout(None)\n        try:\n            socket.send_fds(sock, [b"F"], [fd])\n'
+             '        finally:\n            os.set_blocking(conn.fileno(), True)\n',
+             '        socket.send_fds(sock, [b"F"], [fd])\n', ("tests/test_client_workers.py",)),
     Mutation("resume-rewrites-a-finished-run", "checkpoint and resume", "resume=true of a run that finished all its rounds runs "
              "again with no round left and writes its final files as its own (wall_seconds of a fraction of a "
              "second, resumed_after_round the last round)",

@@ -562,6 +562,59 @@ def test_the_arrays_a_round_shares_go_to_each_worker_once(monkeypatch, tmp_path,
     assert not list(Path("/dev/shm").glob(f"fedvls-{os.getpid()}-*"))
 
 
+@pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="this system has no memfd_create")
+def test_handing_over_the_shared_file_keeps_the_connection_blocking_under_a_default_socket_timeout(monkeypatch):
+    """An app may call socket.setdefaulttimeout (before a download). multiprocessing's
+    send_handle / recv_handle make a socket object on the connection's descriptor, which then
+    turned it non-blocking on both sides: the worker's next read failed (BlockingIOError) and
+    the worker ended; the parent's took a healthy worker for gone. Both ends stay blocking, and
+    the file handed over is the one made (its bytes read on the other side)."""
+    import socket
+    from multiprocessing.connection import Connection
+
+    from fedvls_flwr.ops import client_worker
+
+    ours, theirs = socket.socketpair()
+    parent, worker = Connection(ours.detach()), Connection(theirs.detach())
+    saved = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(5.0)
+    try:
+        sending, receiving = client_worker.Bulk(parent), client_worker.Bulk(worker)
+        path = sending.create(1 << 20, "fedvls-test")
+        assert path == client_worker.MEMFD_PATH
+        sending.put([b"abc"])
+        sending.send_file()
+        receiving.attach(path, 1 << 20)
+        assert receiving.take([(0, 3)]) == [b"abc"]
+        assert os.get_blocking(parent.fileno()) and os.get_blocking(worker.fileno())
+        parent.send_bytes(b"next")  # what the worker reads next
+        assert worker.recv_bytes() == b"next"
+    finally:
+        socket.setdefaulttimeout(saved)
+        for bulk in (sending, receiving):
+            bulk.close()
+        parent.close()
+        worker.close()
+
+
+def test_memfd_refused_falls_back_to_a_named_file(monkeypatch, tmp_path):
+    """memfd_create present but refused (an old kernel: ENOSYS; a seccomp filter: EPERM): a
+    named file, not the socket for the rest of the run."""
+    from fedvls_flwr.ops import client_worker
+
+    def refused(*args):
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(client_worker, "USE_MEMFD", True)
+    monkeypatch.setattr(client_worker.os, "memfd_create", refused, raising=False)
+    monkeypatch.setattr(client_worker, "SHM_DIR", tmp_path)
+    bulk = client_worker.Bulk(None)  # type: ignore[arg-type]
+    try:
+        assert bulk.create(1 << 16, "fedvls-test") == str(tmp_path / "fedvls-test") and bulk.map is not None
+    finally:
+        bulk.close()
+
+
 PARENT_KILLED_MID_ROUND = """
 import sys
 sys.path.insert(0, {root!r})

@@ -15,6 +15,7 @@ as raw frames on the socket; never pickled.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import mmap
@@ -22,13 +23,13 @@ import os
 import pickle
 import random
 import signal
+import socket
 import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from multiprocessing.connection import Connection
-from multiprocessing.reduction import recv_handle, send_handle
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
@@ -296,7 +297,7 @@ class Bulk:
         right after the message; a named one loses its name now - both processes hold it mapped,
         and a name left in /dev/shm would outlive a parent killed before the reply."""
         self.close()
-        fd = recv_handle(self.conn) if path == MEMFD_PATH else os.open(path, os.O_RDWR)
+        fd = _take_fd(self.conn) if path == MEMFD_PATH else os.open(path, os.O_RDWR)
         try:
             self.map, self.size, self.low_half_used = mmap.mmap(fd, size), size, False
         finally:
@@ -309,33 +310,38 @@ class Bulk:
         (``MEMFD_PATH``: :meth:`send_file` hands it over after the message), or None (no room):
         then the file it had stays mapped, as the worker keeps it and writes its replies there,
         and what does not fit goes through the connection."""
-        path = SHM_DIR / name
-        try:
-            fd = os.memfd_create(name, os.MFD_CLOEXEC) if USE_MEMFD else os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        except OSError:
-            return None
+        path, fd = SHM_DIR / name, None
+        if USE_MEMFD:
+            with contextlib.suppress(OSError):  # refused (an old kernel, a seccomp filter): a named file then
+                fd = os.memfd_create(name, os.MFD_CLOEXEC)
+        anonymous = fd is not None
+        if fd is None:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            except OSError:
+                return None
         try:
             os.posix_fallocate(fd, 0, size)  # the pages reserved now: no room is a clean None, never a SIGBUS later
             new = mmap.mmap(fd, size)
         except OSError:
             os.close(fd)
-            if not USE_MEMFD:
+            if not anonymous:
                 path.unlink(missing_ok=True)
             return None
         self.close()
-        if USE_MEMFD:
+        if anonymous:
             self.file = fd
         else:
             os.close(fd)
         self.map, self.size = new, size
-        return MEMFD_PATH if USE_MEMFD else str(path)
+        return MEMFD_PATH if anonymous else str(path)
 
     def send_file(self) -> None:
         """(parent) the anonymous file :meth:`create` made, to the worker, right after the message
         that names it; this side keeps only its map."""
         if self.file is not None:
             try:
-                send_handle(self.conn, self.file, 0)
+                _pass_fd(self.conn, self.file)
             finally:
                 self.close_file()
 
@@ -379,6 +385,35 @@ class Bulk:
             self.map.close()
         self.map, self.size = None, 0
         self.close_file()
+
+
+def _pass_fd(conn: Connection, fd: int) -> None:
+    """``fd`` to the other end of ``conn`` (a Unix socket), as the next byte it reads. Through a
+    socket object of our own on a copy of the descriptor, kept blocking: a socket object made
+    while ``socket.setdefaulttimeout`` is set (an app may set it before a download) turns the
+    shared descriptor non-blocking, and the connection's next read then fails (multiprocessing's
+    send_handle does just that)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, fileno=os.dup(conn.fileno())) as sock:
+        sock.settimeout(None)
+        try:
+            socket.send_fds(sock, [b"F"], [fd])
+        finally:
+            os.set_blocking(conn.fileno(), True)
+
+
+def _take_fd(conn: Connection) -> int:
+    """The descriptor :func:`_pass_fd` sent, the next byte of ``conn`` (blocking kept, as there)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, fileno=os.dup(conn.fileno())) as sock:
+        sock.settimeout(None)
+        try:
+            data, fds, _, _ = socket.recv_fds(sock, 1, 1)
+        finally:
+            os.set_blocking(conn.fileno(), True)
+    if data != b"F" or len(fds) != 1:
+        for extra in fds:
+            os.close(extra)
+        raise OSError(f"expected a shared-memory file from the parent, got {data!r} with {len(fds)} descriptor(s)")
+    return fds[0]
 
 
 def _output_to(path: str) -> None:  # pragma: no cover - a worker process
