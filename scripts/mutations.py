@@ -640,6 +640,12 @@ MUTATIONS: list[Mutation] = [
              '        sock.settimeout(None)\n        try:\n            socket.send_fds(sock, [b"F"], [fd])\n'
              '        finally:\n            os.set_blocking(conn.fileno(), True)\n',
              '        socket.send_fds(sock, [b"F"], [fd])\n', ("tests/test_client_workers.py",)),
+    Mutation("disk-cache-read-every-message", "engine", "a process that never loads the whole dataset (a client "
+             "worker, a Ray actor) reads a node's data from the disk cache for every message: FedConcat's kept "
+             "features are computed again every head round",
+             "fedvls_flwr/data/node_data.py",
+             "                _keep_answer(answer_key, (cache_generation(), None, cached))",
+             "                pass", ("tests/test_node_data.py",)),
     Mutation("resume-rewrites-a-finished-run", "checkpoint and resume", "resume=true of a run that finished all its rounds runs "
              "again with no round left and writes its final files as its own (wall_seconds of a fraction of a "
              "second, resumed_after_round the last round)",
