@@ -374,43 +374,21 @@ def test_a_stopped_sweep_counts_its_runs_another_preset_finished(tmp_path):
     assert sweep.sweep_report_dir(preset, out) == out / "report" / "p"
 
 
-@pytest.mark.parametrize("other", ["finished", "running"])
-@pytest.mark.parametrize("engine", ["flwr", "inprocess"])
-def test_a_run_another_sweep_took_meanwhile_is_not_started_again(tmp_path, monkeypatch, engine, other):
-    """Two sweeps of one preset on one folder: by the time this one reaches its second run, the
-    other has finished it, or runs it (holds its run.lock: it may be writing its summary). Started
-    with resume=true it took the folder once the other let go, ran with no round left and
-    rewrote that run's summary.json and final model as its own (wall_seconds 0.1 s,
-    resumed_after_round = the last round). It is not started: a finished one is skipped, as a
-    run finished before the sweep started is; a running one is the refusal it would have met."""
-    import json
-
-    from fedvls_flwr.app.results import RunFolderLock
-    from fedvls_flwr.experiments import sweep
-    from fedvls_flwr.ops import run_pool
-
+def two_run_preset(tmp_path):
+    """A preset of two short digits runs: (the preset, its first and second run's names, the output folder)."""
     path = tmp_path / "p.yaml"
     path.write_text("base: {dataset: digits, num-server-rounds: 2}\ngrid: {method: [fedavg, fedvls]}\n"
                     "federation: {num-supernodes: 2, client-resources-num-cpus: 1}\n")
     preset = load_preset(path)
     first, second = (r["run-name"] for r in preset.runs)
-    out = tmp_path / "out"
-    theirs = {"status": "completed", "config": {}, "wall_seconds": 7.0}
-    started: list[str] = []
-    held: list[RunFolderLock] = []
+    return preset, first, second, tmp_path / "out"
 
-    def run(name: str) -> None:
-        """This sweep runs ``name``; meanwhile the other sweep takes the second run."""
-        started.append(name)
-        (out / name / "summary.json").write_text(json.dumps({"status": "completed", "best_accuracy": 0.5,
-                                                             "best_round": 2, "final_accuracy": 0.5}))
-        if name == second:
-            return
-        if other == "finished":
-            (out / second).mkdir(exist_ok=True)
-            (out / second / "summary.json").write_text(json.dumps(theirs))
-        else:
-            held.append(RunFolderLock(out / second, resume=True).acquire())
+
+def engines_that_run(monkeypatch, run) -> None:
+    """Both engines of a sweep stubbed: each run is ``run(name)`` (what its ServerApp does),
+    one at a time, and comes back completed."""
+    from fedvls_flwr.experiments import sweep
+    from fedvls_flwr.ops import run_pool
 
     class Pool:
         def __init__(self, **kwargs):
@@ -456,6 +434,41 @@ def test_a_run_another_sweep_took_meanwhile_is_not_started_again(tmp_path, monke
 
     monkeypatch.setattr(run_pool, "RunPool", Pool)
     monkeypatch.setattr(sweep, "LocalSuperLink", Link)
+
+
+@pytest.mark.parametrize("other", ["finished", "running"])
+@pytest.mark.parametrize("engine", ["flwr", "inprocess"])
+def test_a_run_another_sweep_took_meanwhile_is_not_started_again(tmp_path, monkeypatch, engine, other):
+    """Two sweeps of one preset on one folder: by the time this one reaches its second run, the
+    other has finished it, or runs it (holds its run.lock: it may be writing its summary). Started
+    with resume=true it took the folder once the other let go, ran with no round left and
+    rewrote that run's summary.json and final model as its own (wall_seconds 0.1 s,
+    resumed_after_round = the last round). It is not started: a finished one is skipped, as a
+    run finished before the sweep started is; a running one is the refusal it would have met."""
+    import json
+
+    from fedvls_flwr.app.results import RunFolderLock
+    from fedvls_flwr.experiments import sweep
+
+    preset, first, second, out = two_run_preset(tmp_path)
+    theirs = {"status": "completed", "config": {}, "wall_seconds": 7.0}
+    started: list[str] = []
+    held: list[RunFolderLock] = []
+
+    def run(name: str) -> None:
+        """This sweep runs ``name``; meanwhile the other sweep takes the second run."""
+        started.append(name)
+        (out / name / "summary.json").write_text(json.dumps({"status": "completed", "best_accuracy": 0.5,
+                                                             "best_round": 2, "final_accuracy": 0.5}))
+        if name == second:
+            return
+        if other == "finished":
+            (out / second).mkdir(exist_ok=True)
+            (out / second / "summary.json").write_text(json.dumps(theirs))
+        else:
+            held.append(RunFolderLock(out / second, resume=True).acquire())
+
+    engines_that_run(monkeypatch, run)
     logs: list[str] = []
     try:
         result = sweep.run_preset(preset, out, report=False, engine=engine, shared_ray=False, log=logs.append)
@@ -485,14 +498,8 @@ def test_a_run_another_sweep_finished_just_before_it_started_is_said_as_taken(tm
     import json
 
     from fedvls_flwr.experiments import sweep
-    from fedvls_flwr.ops import run_pool
 
-    path = tmp_path / "p.yaml"
-    path.write_text("base: {dataset: digits, num-server-rounds: 2}\ngrid: {method: [fedavg, fedvls]}\n"
-                    "federation: {num-supernodes: 2, client-resources-num-cpus: 1}\n")
-    preset = load_preset(path)
-    first, second = (r["run-name"] for r in preset.runs)
-    out = tmp_path / "out"
+    preset, first, second, out = two_run_preset(tmp_path)
     theirs = {"status": "completed", "best_accuracy": 0.7, "best_round": 2, "final_accuracy": 0.7}
     record_start = sweep._record_start
 
@@ -507,51 +514,8 @@ def test_a_run_another_sweep_finished_just_before_it_started_is_said_as_taken(tm
         if name == first:
             (out / name / "summary.json").write_text(json.dumps({**theirs, "best_accuracy": 0.5}))
 
-    class Pool:
-        def __init__(self, **kwargs):
-            self.busy = []
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            pass
-
-        @property
-        def free(self):
-            return 1 - len(self.busy)
-
-        def submit(self, job):
-            run(job.key)
-            self.busy.append(job)
-
-        def wait(self, poll=0.5):
-            while self.busy:
-                yield run_pool.Outcome(self.busy.pop().key, "completed")
-
-    class Outcome:
-        status, completed, log = "completed", True, ""
-
-    class Link:
-        def __init__(self, *args, **kwargs):
-            pass
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            pass
-
-        def submit(self, app, run_config, federation_config):
-            run(run_config["run-name"])
-            return 1
-
-        def wait(self, run_id, timeout):
-            return Outcome()
-
     monkeypatch.setattr(sweep, "_record_start", record_then_theirs)
-    monkeypatch.setattr(run_pool, "RunPool", Pool)
-    monkeypatch.setattr(sweep, "LocalSuperLink", Link)
+    engines_that_run(monkeypatch, run)
     logs: list[str] = []
     result = sweep.run_preset(preset, out, report=False, engine=engine, shared_ray=False, log=logs.append)
     assert result["statuses"] == {first: "completed", second: "skipped (finished meanwhile, by another process)"}, logs
