@@ -410,7 +410,9 @@ def _synthetic_client(spec: NodeSpec, cfg: RunConfig) -> ClientData:
 #: memory key None - read from the disk cache, as a client worker of the in-process engine or a
 #: Ray actor that never loads the whole dataset does: until 2026-11-29 such a process read the
 #: node's .npz again for every message, and FedConcat's kept features, which belong to the
-#: tensors, were computed again every head round: 67 ms against 18 a head round), by the
+#: tensors, were computed again every head round: 67 ms against 18 a head round; what it keeps
+#: is at most the training pool once, the partitions being disjoint - less than a process that
+#: cut them itself holds, the whole dataset beside them), by the
 #: raw inputs they were worked out from: the run, the node config's items, the run settings a
 #: partition depends on, the working directory and the environment variables its paths are
 #: resolved with. A node whose data this process holds then costs a dictionary lookup, not its
