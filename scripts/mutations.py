@@ -597,7 +597,7 @@ MUTATIONS: list[Mutation] = [
     Mutation("sweep-reruns-a-run-taken-meanwhile", "presets", "a sweep starts a run another sweep on the same folder "
              "finished while it waited: resumed with no round left, it rewrites that run's summary and model",
              "fedvls_flwr/experiments/sweep.py",
-             "    if (run_dir / SUMMARY_FILE).exists():\n        statuses[name] = \"skipped (finished meanwhile",
+             "    if (output_dir / name / SUMMARY_FILE).exists():\n        statuses[name] = \"skipped (finished meanwhile",
              "    if False:\n        statuses[name] = \"skipped (finished meanwhile", ("tests/test_presets.py",)),
     Mutation("worker-ctrl-c-after-imports", "engine", "a client worker ignores Ctrl-C only once its imports are done: "
              "Ctrl-C in a run's first second prints its KeyboardInterrupt traceback",
@@ -646,6 +646,11 @@ MUTATIONS: list[Mutation] = [
              "fedvls_flwr/data/node_data.py",
              "                _keep_answer(answer_key, (cache_generation(), None, cached))",
              "                pass", ("tests/test_node_data.py",)),
+    Mutation("sweep-refused-run-said-as-failure", "presets", "a run whose folder another sweep took just before "
+             "its ServerApp started is refused and reported as a failed run with a log to read, not as in use",
+             "fedvls_flwr/experiments/sweep.py",
+             '                    elif outcome.status != "completed" and _held_by_another(',
+             '                    elif False and _held_by_another(', ("tests/test_presets.py",)),
     Mutation("resume-rewrites-a-finished-run", "checkpoint and resume", "resume=true of a run that finished all its rounds runs "
              "again with no round left and writes its final files as its own (wall_seconds of a fraction of a "
              "second, resumed_after_round the last round)",

@@ -386,7 +386,7 @@ def two_run_preset(tmp_path):
 
 def engines_that_run(monkeypatch, run) -> None:
     """Both engines of a sweep stubbed: each run is ``run(name)`` (what its ServerApp does),
-    one at a time, and comes back completed."""
+    one at a time, and comes back completed, or with the error ``run`` returns (failed)."""
     from fedvls_flwr.experiments import sweep
     from fedvls_flwr.ops import run_pool
 
@@ -405,15 +405,16 @@ def engines_that_run(monkeypatch, run) -> None:
             return 1 - len(self.busy)
 
         def submit(self, job):
-            run(job.key)
-            self.busy.append(job)
+            self.busy.append((job, run(job.key)))
 
         def wait(self, poll=0.5):
             while self.busy:
-                yield run_pool.Outcome(self.busy.pop().key, "completed")
+                job, error = self.busy.pop()
+                yield run_pool.Outcome(job.key, "failed" if error else "completed", error or "")
 
     class Outcome:
-        status, completed, log = "completed", True, ""
+        def __init__(self, error):
+            self.status, self.completed, self.log = ("failed", False, error) if error else ("completed", True, "")
 
     class Link:
         def __init__(self, *args, **kwargs):
@@ -426,11 +427,11 @@ def engines_that_run(monkeypatch, run) -> None:
             pass
 
         def submit(self, app, run_config, federation_config):
-            run(run_config["run-name"])
+            self.error = run(run_config["run-name"])
             return 1
 
         def wait(self, run_id, timeout):
-            return Outcome()
+            return Outcome(self.error)
 
     monkeypatch.setattr(run_pool, "RunPool", Pool)
     monkeypatch.setattr(sweep, "LocalSuperLink", Link)
@@ -522,6 +523,47 @@ def test_a_run_another_sweep_finished_just_before_it_started_is_said_as_taken(tm
     assert any(f"{first}: best 50.00%" in line for line in logs), logs
     assert any(f"{second}: finished meanwhile by another process" in line for line in logs), logs
     assert not any(f"{second}: best" in line for line in logs), logs
+
+
+@pytest.mark.parametrize("engine", ["flwr", "inprocess"])
+def test_a_run_whose_folder_another_sweep_took_just_before_it_started_is_said_as_in_use(tmp_path, monkeypatch, engine):
+    """The other sweep takes the run's folder after this one asked (free) and before its
+    ServerApp starts: the ServerApp is refused ("still going") and the run comes back failed.
+    It is said as the refusal a run in use meets, as when this sweep finds the folder held before
+    starting it - not as a failure with a log to read. The other run is not disturbed."""
+    from fedvls_flwr.app.results import RunFolderBusy, RunFolderLock, busy_message, lock_holder
+    from fedvls_flwr.experiments import sweep
+
+    preset, first, second, out = two_run_preset(tmp_path)
+    held: list[RunFolderLock] = []
+    record_start = sweep._record_start
+
+    def record_then_taken(output_dir, run_config, *rest):
+        name = record_start(output_dir, run_config, *rest)
+        if name == second:  # the other sweep's ServerApp takes the folder now, in the window
+            held.append(RunFolderLock(output_dir / name, resume=True).acquire())
+        return name
+
+    def run(name: str) -> str | None:
+        """The ServerApp: the first run trains; the second is refused, as RunFolderLock refuses."""
+        if name == first:
+            (out / name / "summary.json").write_text('{"status": "completed", "best_accuracy": 0.5, '
+                                                     '"best_round": 2, "final_accuracy": 0.5}')
+            return None
+        return str(RunFolderBusy(busy_message(out / name, lock_holder(out / name), resume=True)))
+
+    monkeypatch.setattr(sweep, "_record_start", record_then_taken)
+    engines_that_run(monkeypatch, run)
+    logs: list[str] = []
+    try:
+        result = sweep.run_preset(preset, out, report=False, engine=engine, shared_ray=False, log=logs.append)
+    finally:
+        for lock in held:
+            lock.release()
+    assert result["statuses"] == {first: "completed", second: "failed (its run folder is in use by another process)"}
+    assert any(f"{second}: not started: resume: the run in {out / second} is still going (pid {os.getpid()}" in line
+               for line in logs), logs
+    assert not (out / f"{second}.failed.log").exists()
 
 
 def test_a_sweep_stopped_in_its_report_says_the_command_writes_the_report(tmp_path):

@@ -321,18 +321,28 @@ def _taken_meanwhile(output_dir: Path, name: str, statuses: dict[str, str], log:
     run's summary.json (wall_seconds 0.1 s, resumed_after_round the last round) and model. (The
     window between this question and the run's start remains: a run finished in it is now left
     alone by the ServerApp, :func:`fedvls_flwr.app.results.already_finished`.)"""
-    from fedvls_flwr.app.results import busy_message, lock_holder
-
-    run_dir = output_dir / name
-    if (holder := lock_holder(run_dir)) is not None:
-        statuses[name] = "failed (its run folder is in use by another process)"
-        log(f"[sweep]     {name}: not started: {busy_message(run_dir, holder, resume=True)}")
+    if _held_by_another(output_dir, name, statuses, log):
         return True
-    if (run_dir / SUMMARY_FILE).exists():
+    if (output_dir / name / SUMMARY_FILE).exists():
         statuses[name] = "skipped (finished meanwhile, by another process)"
         log(f"[sweep]     {name}: finished meanwhile by another process (another sweep on {output_dir}?); skipped")
         return True
     return False
+
+
+def _held_by_another(output_dir: Path, name: str, statuses: dict[str, str], log: Callable[[str], None]) -> bool:
+    """Whether another process holds run ``name``'s folder now (its run.lock): said as the refusal
+    the run meets - before this sweep starts it, or after its ServerApp was refused (the other
+    took the folder between this sweep's question and the run's start; the run itself has ended,
+    so the holder is not it)."""
+    from fedvls_flwr.app.results import busy_message, lock_holder
+
+    run_dir = output_dir / name
+    if (holder := lock_holder(run_dir)) is None:
+        return False
+    statuses[name] = "failed (its run folder is in use by another process)"
+    log(f"[sweep]     {name}: not started: {busy_message(run_dir, holder, resume=True)}")
+    return True
 
 
 def _summary_stamp(output_dir: Path, name: str) -> tuple[int, int, int] | None:
@@ -403,6 +413,8 @@ def _run_with_flwr(todo: list, planned: list, output_dir: Path, statuses: dict[s
                     continue
                 if outcome.completed and (output_dir / name / SUMMARY_FILE).exists():
                     _said_done(output_dir, name, time.perf_counter() - t0, log)
+                elif not outcome.completed and _held_by_another(output_dir, name, statuses, log):
+                    pass
                 else:
                     (output_dir / f"{name}.failed.log").write_text(outcome.log)
                     log(f"[sweep]     {outcome.status}; log in {name}.failed.log")
@@ -500,6 +512,8 @@ def _run_in_process(todo: list, planned: list, output_dir: Path, statuses: dict[
                         pass
                     elif outcome.status == "completed" and (output_dir / outcome.key / SUMMARY_FILE).exists():
                         _said_done(output_dir, outcome.key, outcome.seconds, log)
+                    elif outcome.status != "completed" and _held_by_another(output_dir, outcome.key, statuses, log):
+                        pass
                     else:
                         log(f"[sweep]     {outcome.key}: {outcome.status} ({outcome.error}); log in "
                             f"{outcome.key}/{RUN_LOG}")
