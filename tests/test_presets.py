@@ -384,6 +384,19 @@ def two_run_preset(tmp_path):
     return preset, first, second, tmp_path / "out"
 
 
+def sweep_releasing(preset, out, engine, held):
+    """The preset's sweep on ``out`` (no report), then the folder locks ``held`` (the other
+    sweep's) released: (its result, its log lines)."""
+    from fedvls_flwr.experiments import sweep
+
+    logs: list[str] = []
+    try:
+        return sweep.run_preset(preset, out, report=False, engine=engine, shared_ray=False, log=logs.append), logs
+    finally:
+        for lock in held:
+            lock.release()
+
+
 def engines_that_run(monkeypatch, run) -> None:
     """Both engines of a sweep stubbed: each run is ``run(name)`` (what its ServerApp does),
     one at a time, and comes back completed, or with the error ``run`` returns (failed)."""
@@ -449,7 +462,6 @@ def test_a_run_another_sweep_took_meanwhile_is_not_started_again(tmp_path, monke
     import json
 
     from fedvls_flwr.app.results import RunFolderLock
-    from fedvls_flwr.experiments import sweep
 
     preset, first, second, out = two_run_preset(tmp_path)
     theirs = {"status": "completed", "config": {}, "wall_seconds": 7.0}
@@ -470,12 +482,7 @@ def test_a_run_another_sweep_took_meanwhile_is_not_started_again(tmp_path, monke
             held.append(RunFolderLock(out / second, resume=True).acquire())
 
     engines_that_run(monkeypatch, run)
-    logs: list[str] = []
-    try:
-        result = sweep.run_preset(preset, out, report=False, engine=engine, shared_ray=False, log=logs.append)
-    finally:
-        for lock in held:
-            lock.release()
+    result, logs = sweep_releasing(preset, out, engine, held)
     assert started == [first], logs
     # the taken run has its "(2/2)" line like every run of the plan, its reason right under it
     at = next(i for i, line in enumerate(logs) if line.startswith(f"[sweep] (2/2) {second} ..."))
@@ -554,12 +561,7 @@ def test_a_run_whose_folder_another_sweep_took_just_before_it_started_is_said_as
 
     monkeypatch.setattr(sweep, "_record_start", record_then_taken)
     engines_that_run(monkeypatch, run)
-    logs: list[str] = []
-    try:
-        result = sweep.run_preset(preset, out, report=False, engine=engine, shared_ray=False, log=logs.append)
-    finally:
-        for lock in held:
-            lock.release()
+    result, logs = sweep_releasing(preset, out, engine, held)
     assert result["statuses"] == {first: "completed", second: "failed (its run folder is in use by another process)"}
     assert any(f"{second}: not started: resume: the run in {out / second} is still going (pid {os.getpid()}" in line
                for line in logs), logs
