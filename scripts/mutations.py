@@ -649,8 +649,8 @@ MUTATIONS: list[Mutation] = [
     Mutation("sweep-refused-run-said-as-failure", "presets", "a run whose folder another sweep took just before "
              "its ServerApp started is refused and reported as a failed run with a log to read, not as in use",
              "fedvls_flwr/experiments/sweep.py",
-             '                    elif outcome.status != "completed" and _held_by_another(',
-             '                    elif False and _held_by_another(', ("tests/test_presets.py",)),
+             '    return _held_by_another(output_dir, name, statuses, log)\n\n\ndef _said_done(',
+             '    return False\n\n\ndef _said_done(', ("tests/test_presets.py",)),
     Mutation("resume-rewrites-a-finished-run", "checkpoint and resume", "resume=true of a run that finished all its rounds runs "
              "again with no round left and writes its final files as its own (wall_seconds of a fraction of a "
              "second, resumed_after_round the last round)",

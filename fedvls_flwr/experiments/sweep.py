@@ -370,6 +370,16 @@ def _finished_by_another(output_dir: Path, name: str, before: tuple[int, int, in
     return True
 
 
+def _outcome_of_another(output_dir: Path, name: str, completed: bool, before: tuple[int, int, int] | None,
+                        statuses: dict[str, str], log: Callable[[str], None]) -> bool:
+    """Whether a run's outcome was another process's doing, and said so: completed without a
+    summary of its own (:func:`_finished_by_another`), or refused because another holds its folder
+    (:func:`_held_by_another`) - the window between :func:`_taken_meanwhile` and the run's start."""
+    if completed:
+        return _finished_by_another(output_dir, name, before, statuses, log)
+    return _held_by_another(output_dir, name, statuses, log)
+
+
 def _said_done(output_dir: Path, name: str, seconds: float, log: Callable[[str], None]) -> None:
     s = json.loads((output_dir / name / SUMMARY_FILE).read_text())
     log(f"[sweep]     {name}: best {100 * s['best_accuracy']:.2f}% (round {s['best_round']}), "
@@ -409,12 +419,10 @@ def _run_with_flwr(todo: list, planned: list, output_dir: Path, statuses: dict[s
                     outcome = link.wait(run_id, timeout=timeout)
                 progress.finish(planned[i - 1][1], outcome.status)
                 statuses[name] = outcome.status
-                if outcome.completed and _finished_by_another(output_dir, name, before, statuses, log):
+                if _outcome_of_another(output_dir, name, outcome.completed, before, statuses, log):
                     continue
                 if outcome.completed and (output_dir / name / SUMMARY_FILE).exists():
                     _said_done(output_dir, name, time.perf_counter() - t0, log)
-                elif not outcome.completed and _held_by_another(output_dir, name, statuses, log):
-                    pass
                 else:
                     (output_dir / f"{name}.failed.log").write_text(outcome.log)
                     log(f"[sweep]     {outcome.status}; log in {name}.failed.log")
@@ -507,13 +515,11 @@ def _run_in_process(todo: list, planned: list, output_dir: Path, statuses: dict[
                     if progress is not None:
                         progress.poll()  # the rounds that ended since the last look
                         progress.finish(planned[index[outcome.key]][1], outcome.status)
-                    if outcome.status == "completed" and _finished_by_another(output_dir, outcome.key,
-                                                                               submitted[outcome.key], statuses, log):
+                    completed = outcome.status == "completed"
+                    if _outcome_of_another(output_dir, outcome.key, completed, submitted[outcome.key], statuses, log):
                         pass
-                    elif outcome.status == "completed" and (output_dir / outcome.key / SUMMARY_FILE).exists():
+                    elif completed and (output_dir / outcome.key / SUMMARY_FILE).exists():
                         _said_done(output_dir, outcome.key, outcome.seconds, log)
-                    elif outcome.status != "completed" and _held_by_another(output_dir, outcome.key, statuses, log):
-                        pass
                     else:
                         log(f"[sweep]     {outcome.key}: {outcome.status} ({outcome.error}); log in "
                             f"{outcome.key}/{RUN_LOG}")

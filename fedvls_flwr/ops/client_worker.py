@@ -274,10 +274,11 @@ class Bulk:
     """Array bytes between a worker and its parent: through a file in shared memory that both
     map (one copy in, one copy out), else - no such file, or too small - through the connection.
 
-    The parent makes the file (reserving its pages: a full tmpfs is a clean fallback, never a
-    SIGBUS later) and names it in a message; the worker unlinks it as soon as it has mapped it
-    (the parent does if the worker never did), so the memory goes when both let go, even if
-    the parent is killed in the middle of the round. The parent writes a message's arrays only
+    The parent makes the file (reserving its pages: no room is a clean fallback, never a SIGBUS
+    later) and names it in a message: on Linux an anonymous file (memfd) whose descriptor follows
+    that message on the socket; elsewhere a /dev/shm file that the worker unlinks as soon as it
+    has mapped it (the parent does if the worker never did). Either way the memory goes when both
+    let go, even if the parent is killed in the middle of the round. The parent writes a message's arrays only
     when it has taken every reply (from the start of the file); the worker copies them out,
     then writes its reply's - each reply in the half of the file its last reply did not use:
     a message queued behind the last one runs as soon as that reply is sent, and the parent may
