@@ -109,7 +109,7 @@ def federation(train: Train, cfg: RunConfig, build: Callable[[str], nn.Module], 
             received = Received()
             if cfg.local_optimizer == "fedgf" and r > 1:
                 g = torch.Generator().manual_seed(r)
-                received = Received(arrays={k: v + 0.01 * torch.randn(v.shape, generator=g)
+                received = Received(arrays={k: v + 0.01 * torch.randn(v.shape, generator=g).to(v.device)
                                             for k, v in global_state.items() if v.dtype.is_floating_point},
                                     values={"c": 0.3})
             result = train(model, d, cfg, torch.Generator().manual_seed(100 * r + d.partition_id),
@@ -308,23 +308,36 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
 # and convolutions' weight gradients, index_add_) sum in a run-dependent order; float32
 # rounding differences of 1e-7 grow over the 3 rounds' ~60 SGD steps to about 1e-5 of a weight.
 # FedMR's 1/sqrt(var + 1e-8) amplifies them by orders of magnitude within a few steps (a unit
-# active for one sample of a class gets a gradient that grows as its activation shrinks): it
-# is compared over each client's first three steps. Under bfloat16
+# active for one sample of a class gets a gradient that grows as its activation shrinks), and
+# FedDecorr's correlation penalty amplifies them too (on the CPU a 1e-7 relative change of the
+# initial weights ends 341 times outside the tolerance after 3 rounds): both are compared over
+# each client's first three steps. FedMR's fixed-shape form differs from its index-based form
+# by more than the tolerance within those steps (2.7e-2 on a client, measured on the CPU), so on
+# CUDA its graph is compared with the same static-buffer path stepped eagerly (the forms the
+# CPU tests compare are then the eager loop's, above). Under bfloat16
 # autocast such a difference moves a bfloat16 rounding (8 bits of mantissa) now and then, so
 # amp is compared ten times more loosely.
 CUDA_RTOL, CUDA_ATOL = 1e-3, 1e-4
 
 
-def _cuda_federation(cfg: RunConfig, build: Callable[[str], nn.Module], data: list[ClientData], rounds: int = 3):
+def _cuda_federation(cfg: RunConfig, build: Callable[[str], nn.Module], data: list[ClientData], rounds: int = 3,
+                     static: bool = False):
+    """``rounds`` rounds on CUDA through ``train_local`` (the graph, or op by op, as ``cfg``
+    says); ``static``: the graphed path's static buffers stepped eagerly instead (no capture)."""
     device = torch.device("cuda")
 
     def on_cuda(model, d, cfg, gen, state, received):
         received.arrays = {k: v.to(device) for k, v in received.arrays.items()}
+        if static:
+            return train_graphed(model, d, cfg, device=device, generator=gen, state=state, received=received,
+                                 capture=False)
         return train_local(model, d, cfg, device=device, generator=gen, state=state, received=received)
 
     return federation(on_cuda, cfg, lambda m: build(m), data, rounds)
 
 
+#: Compared over each client's first three steps on CUDA (see above).
+CHAOTIC = ("fedmr", "feddecorr")
 CUDA_PARTS = [(m, "sgd", {}) for m in method_names() if m != "fedmr"] + [
     ("fedavg", "sam", {}), ("fedavg", "fedgf", {}), ("fedvls", "sam", {}), ("fedvls", "fedgf", {}),
     ("fedavg", "sgd", {"optimizer-state": "carry"}), ("fedvls", "sgd", {"amp": "true"}),
@@ -342,11 +355,12 @@ def test_graphed_rounds_equal_eager_rounds_on_cuda(method, optimizer, extra):
     rounds = 3
     settings = {"method": method, "local-optimizer": optimizer, "dataset": "cifar10", "device": "cuda", **extra}
     data = clients(images=True)
-    if method == "fedmr":  # chaotic (see above): three steps of each client, the graph from the third on
+    if method in CHAOTIC:  # (see above): three steps of each client, the graph from the third on
         rounds, settings["local-epochs"] = 1, 1
         data = [ClientData(d.x[:48], d.y[:48], C, MEAN, STD, partition_id=d.partition_id) for d in data]
     clear_trainers()
-    want, want_losses = _cuda_federation(config(**settings, **{"cuda-graphs": False}), convnet, data, rounds)
+    want, want_losses = _cuda_federation(config(**settings, **{"cuda-graphs": False}), convnet, data, rounds,
+                                         static=method == "fedmr")
     got, got_losses = _cuda_federation(config(**settings, **{"cuda-graphs": True}), convnet, data, rounds)
     assert sum(t.replays for t in graphed._TRAINERS.values()) > 0  # the graph did run
     loose = 10.0 if extra.get("amp") == "true" else 1.0
@@ -459,3 +473,34 @@ def test_fedconcat_rounds_graphed_equal_eager_on_cuda():
                 torch.testing.assert_close(enc_b[c][n], enc_a[c][n], rtol=CUDA_RTOL, atol=CUDA_ATOL)
     for n in head_a:
         torch.testing.assert_close(head_b[n], head_a[n], rtol=CUDA_RTOL, atol=CUDA_ATOL)
+
+
+@needs_cuda
+def test_graphed_rounds_capture_under_deterministic_algorithms_on_cuda():
+    """``deterministic = true`` with the graphs (the GPU runs that promise bit-for-bit results):
+    an op whose deterministic kernel reads a value back to the host would break the capture and
+    leave the trainer stepping eagerly (logged); this says whether torch's deterministic mode and
+    the captured step go together, and that the results still equal the op-by-op step's."""
+    from fedvls_flwr.algorithms.device import set_deterministic
+
+    saved = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+             torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.fp32_precision,
+             torch.backends.cudnn.conv.fp32_precision)
+    settings = {"method": "fedvls", "dataset": "cifar10", "device": "cuda", "deterministic": True}
+    data = clients(images=True)
+    set_deterministic(True)
+    try:
+        clear_trainers()
+        before = graphed.capture_counts()
+        want, _ = _cuda_federation(config(**settings, **{"cuda-graphs": False}), convnet, data, 1)
+        got, _ = _cuda_federation(config(**settings, **{"cuda-graphs": True}), convnet, data, 1)
+        after = graphed.capture_counts()
+    finally:
+        torch.use_deterministic_algorithms(saved[0])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[1], saved[2]
+        torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = saved[3], saved[4]
+    assert after["failed"] == before["failed"], "a capture failed under torch's deterministic algorithms"
+    assert after["captured"] > before["captured"]
+    for k in want:
+        if want[k].is_floating_point():
+            torch.testing.assert_close(got[k], want[k], rtol=CUDA_RTOL, atol=CUDA_ATOL, msg=lambda m, k=k: f"{k}: {m}")
