@@ -117,7 +117,7 @@ def main() -> int:
     ap.add_argument("--skip-ray", action="store_true", help="leave out the Ray simulation")
     ap.add_argument("--rounds", type=int, help="rounds per run (default: 3; --cpu: 2)")
     ap.add_argument("--budget", type=float, help="seconds for the whole script (default: 170; --cpu: 900)")
-    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per Ray run")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per Ray run (at most what the budget has left)")
     ap.add_argument("--out", type=Path, help="every figure as JSON")
     ap.add_argument("--keep", action="store_true", help="keep the generated data and run folders")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -158,6 +158,10 @@ def main() -> int:
             res.update(workload=workload, engine=engine)
             results.append(res)
             print(json.dumps(res), flush=True)
+            if args.out:  # after every row: a step cut off by its time limit keeps what it measured
+                args.out.write_text(json.dumps({"device": device, "machine": platform.node(), "cores": os.cpu_count(),
+                                                "rounds": args.rounds, "settings": settings, "results": results},
+                                               indent=1))
 
         def four_clients(model: str) -> str:
             return f"{model}, 4 clients at {gpus4:g} GPU, {pool4:,} images"
@@ -191,12 +195,10 @@ def main() -> int:
                 for model in models:
                     if budget.allows(f"Ray simulation, {model}", 30):
                         record(with_ray(link, four_clients(model), {**four, "model": model, "run-name": f"{model}-ray"},
-                                        4, gpus4, pool4, want_cuda, args.timeout), four_clients(model), "Ray simulation")
+                                        4, gpus4, pool4, want_cuda, min(args.timeout, budget.left())),
+                               four_clients(model), "Ray simulation")
         print()
         print(table(results, device))
-        if args.out:
-            args.out.write_text(json.dumps({"device": device, "machine": platform.node(), "cores": os.cpu_count(),
-                                            "rounds": args.rounds, "settings": settings, "results": results}, indent=1))
         return 0 if results and all(r.get("ok") for r in results) else 1
     finally:
         if not args.keep:

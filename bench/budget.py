@@ -14,6 +14,10 @@ class Budget:
     def __init__(self, seconds: float) -> None:
         self.end = time.monotonic() + seconds
 
+    def left(self) -> float:
+        """Seconds left (0 once spent): the most a step that started may still wait."""
+        return max(0.0, self.end - time.monotonic())
+
     def allows(self, step: str, needs: float) -> bool:
         left = self.end - time.monotonic()
         if left >= needs:

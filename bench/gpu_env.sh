@@ -7,9 +7,10 @@
 GPU_VENV=${GPU_VENV:-/tmp/fedvls-gpu-venv}
 HOST_PY=${HOST_PY:-$(command -v python3)}
 _fedvls_pip() { local py=$1; shift; PIP_CONFIG_FILE=/dev/null "$py" -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check "$@"; }
-if [ -x "$GPU_VENV/bin/python" ]; then
-    export PATH="$GPU_VENV/bin:$PATH"
-elif "$HOST_PY" -m venv --system-site-packages "$GPU_VENV" 2>/dev/null && [ -x "$GPU_VENV/bin/python" ]; then
+if [ -x "$GPU_VENV/bin/python" ] && "$GPU_VENV/bin/python" -c 'import flwr' 2>/dev/null; then
+    export PATH="$GPU_VENV/bin:$PATH"  # made by an earlier source in this machine
+elif rm -rf "$GPU_VENV" && "$HOST_PY" -m venv --system-site-packages "$GPU_VENV" 2>/dev/null \
+        && [ -x "$GPU_VENV/bin/python" ]; then
     HOST_SITE=${HOST_SITE:-$("$HOST_PY" -c 'import site; print(site.getsitepackages()[0])')}
     VSITE=$("$GPU_VENV/bin/python" -c 'import site; print(site.getsitepackages()[0])')
     echo "$HOST_SITE" > "$VSITE/zz-host-site.pth"
@@ -23,4 +24,20 @@ else
     export PYTHONPATH="/tmp/fedvls-site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PATH="/tmp/fedvls-site/bin:$PATH"
 fi
 export FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
-python -c 'import sys, flwr, ray, torch; print(f"gpu env: Python {sys.version.split()[0]}, flwr {flwr.__version__}, ray {ray.__version__}, torch {torch.__version__}, CUDA {torch.cuda.is_available()}")'
+# what runs, with the host's packages that flwr's gRPC needs (grpcio >= 1.81.1 for the lock's
+# grpcio-health-checking); Ray only reported: the session's steps before the Ray one run without it
+python - <<'PYEOF'
+import importlib.metadata as md, sys, flwr, torch
+def version(name):
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return "missing"
+try:
+    import ray
+    ray_said = ray.__version__
+except Exception as err:  # reported: only the Ray simulation's rows need it
+    ray_said = f"cannot be imported ({type(err).__name__}: {err})"
+print(f"gpu env: Python {sys.version.split()[0]}, flwr {flwr.__version__}, ray {ray_said}, torch {torch.__version__}, "
+      f"CUDA {torch.cuda.is_available()}; grpcio {version('grpcio')}, protobuf {version('protobuf')}, typer {version('typer')}")
+PYEOF

@@ -27,6 +27,7 @@ step() {  # step NAME SECONDS COMMAND...: run it with a limit, keep its output, 
     timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.txt" 2>&1
     local rc=$?
     SUMMARY+=("$name: rc $rc in $((SECONDS - t0)) s (limit $limit s)$([ $rc -eq 124 ] && echo ', cut off')")
+    printf '%s\n' "${SUMMARY[@]}" >"$OUT/summary.txt"  # after every step: a call cut off keeps it
     tail -n 25 "$OUT/$name.txt"
 }
 if [ $CPU -eq 1 ]; then
@@ -41,5 +42,5 @@ fi
 python -c 'import sys, torch; print(f"Python {sys.version.split()[0]}, torch {torch.__version__}, CUDA available: {torch.cuda.is_available()}")' | tee "$OUT/python.txt"
 step cuda-tests 150 python -m pytest -q -p no:cacheprovider tests/test_graphed_step.py tests/test_augment.py tests/test_device.py -rs
 step gpu-step 200 python bench/gpu_step.py "${BENCH_FLAG[@]}" --out "$OUT/gpu-step.json"
-step gpu-workers 210 python bench/bench_gpu_workers.py "${BENCH_FLAG[@]}" --budget 190 --out "$OUT/gpu-workers.json"
+step gpu-workers 200 python bench/bench_gpu_workers.py "${BENCH_FLAG[@]}" --budget 180 --out "$OUT/gpu-workers.json"
 printf '%s\n' "gpu session ($([ $CPU -eq 1 ] && echo 'CPU rehearsal' || echo GPU)), results in $OUT:" "${SUMMARY[@]}" | tee "$OUT/summary.txt"

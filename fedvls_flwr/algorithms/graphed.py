@@ -77,7 +77,8 @@ from fedvls_flwr.data.augment import make_batch_transform
 from fedvls_flwr.data.node_data import ClientData
 from fedvls_flwr.models import FeatureTap
 
-__all__ = ["GraphedTrainer", "MAX_TRAINERS", "WARMUP_STEPS", "clear_trainers", "round_key", "train_graphed", "trainer_key"]
+__all__ = ["GraphedTrainer", "MAX_TRAINERS", "WARMUP_STEPS", "capture_counts", "clear_trainers", "round_key",
+           "train_graphed", "trainer_key"]
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +91,16 @@ MAX_TRAINERS = 4
 
 _TRAINERS: OrderedDict[Hashable, GraphedTrainer] = OrderedDict()
 _LOCK = threading.Lock()
+
+
+#: Captures this process made and captures that failed (their trainers then step eagerly): a
+#: bench reporting graphed figures says whether they were graphed.
+_CAPTURES = {"captured": 0, "failed": 0}
+
+
+def capture_counts() -> dict[str, int]:
+    """How many step captures this process made and how many failed, so far."""
+    return dict(_CAPTURES)
 
 
 def clear_trainers() -> None:
@@ -282,17 +293,22 @@ class GraphedTrainer:
     def _capture(self, parts: StepParts) -> None:
         """Record one step on the static buffers. Capturing runs nothing: the replay that
         follows is this batch's step."""
-        graph = torch.cuda.CUDAGraph()
         assert self.generator is not None
-        graph.register_generator_state(self.generator)
         before = self.generator.get_state()  # seed and offset
         self.sgd.zero_grad()  # the gradients are allocated in the graph's memory pool
         try:
+            graph = torch.cuda.CUDAGraph()
+            graph.register_generator_state(self.generator)
             with torch.cuda.graph(graph):
                 self._accumulate(parts)
         except Exception as err:  # noqa: BLE001 - reported, and the step runs eagerly instead
-            logger.warning("CUDA graph capture of the training step failed (%s: %s); this kind of step runs "
-                           "eagerly in this process (cuda-graphs = false avoids the attempt)", type(err).__name__, err)
+            _CAPTURES["failed"] += 1
+            # the error that broke the capture (an op that synchronised, say) is often the context
+            # of the one ending it ("operation failed due to a previous error during capture")
+            first = err.__cause__ or err.__context__
+            logger.warning("CUDA graph capture of the training step failed (%s: %s%s); this kind of step runs "
+                           "eagerly in this process (cuda-graphs = false avoids the attempt)", type(err).__name__, err,
+                           "" if first is None else f"; raised first: {type(first).__name__}: {first}")
             self.capture = False
             fresh = torch.Generator(device=self.device)  # the capture may have left the old one mid-capture
             fresh.set_state(before)
@@ -300,6 +316,7 @@ class GraphedTrainer:
             self.transform.generator = fresh
             self.sgd.zero_grad()
             return
+        _CAPTURES["captured"] += 1
         self.graph = graph
 
 
