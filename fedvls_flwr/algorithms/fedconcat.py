@@ -61,7 +61,7 @@ from fedvls_flwr.algorithms.rounds import Assignment, ClientOutcome, ClientRound
 from fedvls_flwr.algorithms.sgd import LocalSGD
 from fedvls_flwr.algorithms.training import TrainResult
 from fedvls_flwr.config.settings import ConfigError
-from fedvls_flwr.data.augment import make_batch_transform
+from fedvls_flwr.data.augment import make_batch_transform, same_device
 from fedvls_flwr.models import FeatureTap, classifier_of
 
 __all__ = ["FedConcat", "ConcatModel", "cluster_sites", "encoder_rounds"]
@@ -205,7 +205,8 @@ class _BuiltConcat:
                     self.digest = digest  # checked tensor for tensor: its digest is this model's
             if same:
                 _load_head(self.model.head, head)
-                moved = device is None or self.model.head.weight.device == torch.device(device)
+                # "cuda" against the head's "cuda:0": the same GPU, not a move of K encoders each message
+                moved = device is None or same_device(self.model.head.weight.device, torch.device(device))
                 return self.model if moved else self.model.to(device)
         self.model = _concat_model(model_factory(), encoders, head, device)
         self.encoders = {k: {name: t.detach().clone() for name, t in e.items()} for k, e in encoders.items()}
