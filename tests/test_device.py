@@ -1,6 +1,7 @@
 """The GPU path that can be checked without a GPU: what a client says about its device, the
 server's verdict before round 1, the query that asks the nodes, and determinism settings."""
 
+import os
 import time
 
 import numpy as np
@@ -107,23 +108,46 @@ def test_the_strategy_asks_every_node_its_device_once_before_round_1():
     assert problem is not None and "node 11 (partition 1)" in problem.message
 
 
+def _determinism() -> tuple:
+    return (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+            torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.fp32_precision,
+            torch.backends.cudnn.conv.fp32_precision, os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+
+
 def test_deterministic_false_leaves_torch_alone_and_true_sets_deterministic_kernels(monkeypatch):
-    before = torch.are_deterministic_algorithms_enabled()
-    set_deterministic(False)
-    assert torch.are_deterministic_algorithms_enabled() == before
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    before = _determinism()
+    set_deterministic(False)
+    assert _determinism() == before
     try:
         set_deterministic(True)
         assert torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.deterministic
         assert torch.backends.cuda.matmul.fp32_precision == "ieee"
-        import os
-
+        assert not torch.backends.cudnn.benchmark
         assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        set_deterministic(True)  # every message of such a run says so again
     finally:
-        torch.use_deterministic_algorithms(before)
-        torch.backends.cudnn.deterministic = False
-        torch.backends.cuda.matmul.fp32_precision = "none"
-        torch.backends.cudnn.conv.fp32_precision = "tf32"
+        set_deterministic(False)
+    assert _determinism() == before
+
+
+def test_a_run_without_deterministic_after_one_with_it_gets_torchs_settings_back(monkeypatch):
+    """A process that serves run after run (a kept client worker, a sweep worker, the server):
+    deterministic = false after true puts back what true changed (it stayed on: deterministic
+    kernels, no TF32, no cuDNN autotuning - slower, and other numbers than a fresh process), and
+    leaves settings a user made before alone."""
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")  # the user's own
+    torch.backends.cudnn.benchmark = True
+    try:
+        before = _determinism()
+        set_deterministic(True)
+        assert _determinism() != before
+        set_deterministic(False)
+        assert _determinism() == before
+        set_deterministic(False)
+        assert _determinism() == before
+    finally:
+        torch.backends.cudnn.benchmark = False
 
 
 @pytest.mark.parametrize(("method", "local_optimizer"), [("fedvls", "sgd"), ("moon", "sgd"), ("fedntd", "sam")])
@@ -142,13 +166,12 @@ def test_deterministic_training_on_the_cpu_is_unchanged(method, local_optimizer)
                         deterministic=deterministic)
         torch.manual_seed(0)
         model = build_run_model(cfg, (1, 8, 8), 4)
-        before = torch.are_deterministic_algorithms_enabled()
         try:
             set_deterministic(deterministic)
             train_local(model, ClientData(x, y, 4, None, None), cfg, device=torch.device("cpu"),
                         generator=torch.Generator().manual_seed(1))
         finally:
-            torch.use_deterministic_algorithms(before)
+            set_deterministic(False)  # every setting it changed put back
         results.append(np.concatenate([p.detach().numpy().ravel() for p in model.parameters()]))
     np.testing.assert_array_equal(results[0], results[1])
 

@@ -483,9 +483,6 @@ def test_graphed_rounds_capture_under_deterministic_algorithms_on_cuda():
     the captured step go together, and that the results still equal the op-by-op step's."""
     from fedvls_flwr.algorithms.device import set_deterministic
 
-    saved = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
-             torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.fp32_precision,
-             torch.backends.cudnn.conv.fp32_precision)
     settings = {"method": "fedvls", "dataset": "cifar10", "device": "cuda", "deterministic": True}
     data = clients(images=True)
     set_deterministic(True)
@@ -496,9 +493,7 @@ def test_graphed_rounds_capture_under_deterministic_algorithms_on_cuda():
         got, _ = _cuda_federation(config(**settings, **{"cuda-graphs": True}), convnet, data, 1)
         after = graphed.capture_counts()
     finally:
-        torch.use_deterministic_algorithms(saved[0])
-        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[1], saved[2]
-        torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = saved[3], saved[4]
+        set_deterministic(False)  # torch's settings put back
     assert after["failed"] == before["failed"], "a capture failed under torch's deterministic algorithms"
     assert after["captured"] > before["captured"]
     for k in want:

@@ -91,13 +91,39 @@ def peak_gpu_memory(device: torch.device) -> Iterator[list[float]]:
             out.append(torch.cuda.max_memory_allocated(device) / 2**20)
 
 
+#: What ``set_deterministic(True)`` found before it changed torch's settings (None: it did not,
+#: or they were put back): torch's flags, and whether it set the cuBLAS workspace variable.
+_before_deterministic: tuple[tuple[bool, bool, bool, str, str], bool] | None = None
+
+
+def _torch_determinism() -> tuple[bool, bool, bool, str, str]:
+    return (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+            torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.fp32_precision,
+            torch.backends.cudnn.conv.fp32_precision)  # type: ignore[attr-defined]
+
+
 def set_deterministic(enabled: bool) -> None:
     """``deterministic = true``: deterministic CUDA kernels (PyTorch's deterministic mode: an op
     with no deterministic kernel raises, naming itself), no cuDNN autotuning and no TF32, so a
-    GPU run reproduces bit for bit. Off: PyTorch's defaults are left alone. A CPU run here is
-    deterministic either way."""
+    GPU run reproduces bit for bit. Off: what an earlier ``true`` in this process changed is put
+    back - a process that serves run after run (a kept client worker, a sweep worker) would
+    otherwise train a ``deterministic = false`` run after a ``true`` one slower and with other
+    numbers than a fresh process; torch is left alone otherwise. A CPU run here is deterministic
+    either way."""
+    global _before_deterministic
     if not enabled:
+        if _before_deterministic is not None:
+            (algorithms, cudnn_deterministic, benchmark, matmul, conv), set_workspace = _before_deterministic
+            torch.use_deterministic_algorithms(algorithms)
+            torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn_deterministic, benchmark
+            torch.backends.cuda.matmul.fp32_precision = matmul
+            torch.backends.cudnn.conv.fp32_precision = conv  # type: ignore[attr-defined]
+            if set_workspace and os.environ.get("CUBLAS_WORKSPACE_CONFIG") == CUBLAS_WORKSPACE:
+                del os.environ["CUBLAS_WORKSPACE_CONFIG"]
+            _before_deterministic = None
         return
+    if _before_deterministic is None:
+        _before_deterministic = (_torch_determinism(), "CUBLAS_WORKSPACE_CONFIG" not in os.environ)
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.deterministic = True
