@@ -511,6 +511,35 @@ def test_a_killed_worker_fails_only_the_message_it_held_and_is_started_again():
     assert signal.SIGKILL.name in pool.crashes[0]
 
 
+def test_a_worker_whose_gpu_context_broke_fails_only_its_message_and_is_replaced():
+    """A device-side assert or an illegal memory access leaves a process's CUDA context failing
+    every later CUDA call: the worker that met one answers its message with that failure, ends,
+    and a fresh worker serves the next messages - the one queued behind it too - where it would
+    have failed every message it served for the rest of the run. (Simulated on the CPU: the test
+    app raises as such an error does and makes the worker's check of its context say it broke.)
+    A client that merely raises keeps its worker."""
+    grid, pool = pool_grid(workers=1, nodes=3)
+    with pool:
+        pool.wait_started()
+        first = set(pool.pids())
+        raised = train_round(grid, do={0: "raise"})
+        assert set(pool.pids()) == first  # an ordinary failure: the same worker goes on
+        replies = train_round(grid, do={0: "poison"})
+        pool.wait_started()
+        after = set(pool.pids())
+        third = train_round(grid)
+    assert raised[0].has_error() and not raised[1].has_error()
+    broke = replies[0]
+    assert broke.has_error() and broke.error.code == ErrorCode.CLIENT_APP_RAISED_EXCEPTION
+    assert "illegal memory access" in broke.error.reason
+    assert not replies[1].has_error() and not replies[2].has_error()
+    served = {int(r.content.metric_records["metrics"]["pid"]) for r in (replies[1], replies[2])}
+    assert served == after and not after & first  # the fresh worker served the rest of the round
+    assert len(pool.crashes) == 1 and "GPU context broke" in pool.crashes[0] and "illegal memory access" in pool.crashes[0]
+    # node 0's state is the one before the two messages that failed; the others counted on
+    assert {p: int(r.content.metric_records["metrics"]["count"]) for p, r in third.items()} == {0: 1, 1: 3, 2: 3}
+
+
 @pytest.mark.parametrize("transport", ["memfd", "named", "socket"])
 def test_the_arrays_a_round_shares_go_to_each_worker_once(monkeypatch, tmp_path, transport):
     """Through anonymous shared memory (memfd, handed over the socket), a named file (a system

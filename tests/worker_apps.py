@@ -11,7 +11,9 @@ the node's state, written the first time and left alone after; ``slow`` counts a
 random generators; ``own`` counts and replies, instead of the received arrays, an array as large
 filled with its partition id (replies that differ, to tell one from another); ``linger`` writes
 its process id to the file ``$FEDVLS_TEST_LINGERING`` names,
-then waits 30 s (a worker caught in the middle of a message).
+then waits 30 s (a worker caught in the middle of a message); ``poison`` raises as a CUDA error that
+breaks the process's GPU context would, and makes the worker's check of its context say it broke
+(only ever sent to a worker: the check stays changed in the process that ran it).
 """
 
 from __future__ import annotations
@@ -49,6 +51,11 @@ def train(msg: Message, context: Context) -> Message:
     context.state["history"] = ArrayRecord({"last": Array(np.full(3, seen + 1, dtype=np.int64))})
     if do == "raise":
         raise ValueError(f"asked to raise at count {seen + 1}")
+    if do == "poison":
+        from fedvls_flwr.ops import client_worker
+
+        client_worker.gpu_context_broken = lambda: True
+        raise RuntimeError("CUDA error: an illegal memory access was encountered (a test)")
     arrays = msg.content.array_records.get("arrays", ArrayRecord())
     if do == "own":
         partition = float(context.node_config.get("partition-id", -1))

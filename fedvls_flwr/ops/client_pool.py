@@ -270,12 +270,14 @@ class ClientPool:
                     continue
             head = slot.held[0]
             try:
-                reply, state, seconds = self._receive(slot, head)
+                reply, state, seconds, retire = self._receive(slot, head)
             except _WorkerGone as gone:
                 self._lost(slot, str(gone))
                 continue
             slot.held.popleft()
             self._finish(head, reply, state, seconds)
+            if retire:
+                self._retire(slot, reply)
         self._stop(slot)
 
     def _take(self, slot: _Slot, queued: bool) -> _Task | None:
@@ -327,6 +329,25 @@ class ClientPool:
                 self._busy_nodes.discard(task.context.node_id)
                 self._pending.insert(0, task)
         self._finish(held[0], crash_reply(held[0].message, text), None, None)
+        if not self._closing:
+            self._start(slot)
+        else:
+            slot.state = "failed"
+
+    def _retire(self, slot: _Slot, reply: Message) -> None:
+        """The worker's GPU context broke with the message it answered (that reply is the
+        failure, as the ClientApp raised it) and the worker ends: a message queued behind it
+        goes back to the queue (it never started) and a fresh worker takes the next ones."""
+        reason = reply.error.reason.strip().splitlines()[-1] if reply.has_error() and reply.error.reason else "?"
+        self.crashes.append(f"a client worker's GPU context broke ({reason}); a fresh worker was started")
+        held, slot.held = list(slot.held), deque()
+        self._stop(slot)
+        with self._cond:
+            slot.state = "starting"
+            for task in reversed(held):
+                self._busy_nodes.discard(task.context.node_id)
+                self._pending.insert(0, task)
+            self._cond.notify_all()
         if not self._closing:
             self._start(slot)
         else:
@@ -412,13 +433,14 @@ class ClientPool:
         slot.held.append(task)
         self._spent(time.perf_counter() - t0)
 
-    def _receive(self, slot: _Slot, task: _Task) -> tuple[Message, RecordDict | None, float]:
+    def _receive(self, slot: _Slot, task: _Task) -> tuple[Message, RecordDict | None, float, bool]:
         """The reply to ``task`` (the first message the worker holds), the node's new state
-        (None: unchanged, the ClientApp raised) and the seconds the ClientApp took."""
+        (None: unchanged, the ClientApp raised), the seconds the ClientApp took, and whether the
+        worker ends after it (its GPU context broke: :func:`client_worker.gpu_context_broken`)."""
         conn, bulk = slot.conn, slot.bulk
         assert conn is not None and bulk is not None
         try:
-            number, seconds, metadata, body, new_state, reply_layout = pickle.loads(conn.recv_bytes())
+            number, seconds, metadata, body, new_state, reply_layout, retire = pickle.loads(conn.recv_bytes())
             t0 = time.perf_counter()
             frames = bulk.take(reply_layout)
         except (EOFError, OSError) as err:
@@ -440,7 +462,7 @@ class ClientPool:
         state = None if new_state is None else decode_records(new_state, blob)
         task.state_blobs = []
         self._spent(time.perf_counter() - t0)
-        return reply, state, seconds
+        return reply, state, seconds, retire
 
     def _spent(self, seconds: float) -> None:
         with self._cond:

@@ -452,6 +452,21 @@ WORKER_CODE = ("import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); imp
                "from fedvls_flwr.ops.client_worker import worker_main; worker_main(*sys.argv[1:])")
 
 
+def gpu_context_broken() -> bool:
+    """After a message that failed: whether this process's CUDA context is unusable - a
+    device-side assert or an illegal memory access leaves every later CUDA call failing with the
+    same error until the process ends (an out-of-memory error does not). False where CUDA was
+    never used."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return False
+    try:
+        torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001 - any error here is the broken context's
+        return True
+    return False
+
+
 def worker_main(fd: str, threads_text: str, app_reference: str) -> None:  # pragma: no cover - a worker process
     """A worker: its end of the parent's socket pair is ``fd``; start up, say ready (or why
     not), then run one message after another until told to stop or the parent is gone."""
@@ -512,6 +527,10 @@ def worker_main(fd: str, threads_text: str, app_reference: str) -> None:  # prag
         frames = _Frames({id(data): n for n, data in blobs_now.items() if n < 0})
         body = ("error", reply.error) if reply.has_error() else ("content", encode_records(reply.content, frames))
         new_state = encode_records(context.state, frames) if returned else None
+        retire = reply.has_error() and gpu_context_broken()
         layout = bulk.put_reply(frames.data)
-        conn.send_bytes(pickle.dumps((number, seconds, reply.metadata, body, new_state, layout), HEADER_PROTOCOL))
+        conn.send_bytes(pickle.dumps((number, seconds, reply.metadata, body, new_state, layout, retire),
+                                     HEADER_PROTOCOL))
         bulk.send_rest(frames.data, layout)
+        if retire:  # every later message would fail with it: the parent starts a fresh worker
+            return
