@@ -37,7 +37,7 @@ else
     # shellcheck source=bench/gpu_env.sh
     source bench/gpu_env.sh || { echo "gpu session: the environment could not be made (is .whl/ carried?)"; exit 2; }
     BENCH_FLAG=()
-    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >"$OUT/nvidia-smi.txt" 2>&1
+    nvidia-smi --query-gpu=name,memory.total,driver_version,compute_mode,mig.mode.current --format=csv,noheader >"$OUT/nvidia-smi.txt" 2>&1
 fi
 python -c 'import sys, torch; print(f"Python {sys.version.split()[0]}, torch {torch.__version__}, CUDA available: {torch.cuda.is_available()}")' | tee "$OUT/python.txt"
 step cuda-tests 150 python -m pytest -q -p no:cacheprovider tests/test_graphed_step.py tests/test_augment.py tests/test_device.py -rs
