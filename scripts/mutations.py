@@ -553,6 +553,14 @@ MUTATIONS: list[Mutation] = [
              "fedvls_flwr/algorithms/training.py",
              'if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):',
              'if requested == "cuda":', ("tests/test_device.py",)),
+    Mutation("deterministic-stays-on-for-the-next-run", "devices", "a process that ran a deterministic=true "
+             "run keeps torch's deterministic kernels and full-float32 settings for a deterministic=false run "
+             "after it (a kept client worker, a sweep worker)", "fedvls_flwr/algorithms/device.py",
+             "        if _before_deterministic is not None:\n", "        if False:\n", ("tests/test_device.py",)),
+    Mutation("broken-gpu-context-worker-kept", "engine", "a client worker whose GPU context broke (a device-side "
+             "assert) keeps serving, and every message it takes for the rest of the run fails",
+             "fedvls_flwr/ops/client_worker.py", "        retire = reply.has_error() and gpu_context_broken()\n",
+             "        retire = False\n", ("tests/test_client_workers.py",)),
     Mutation("allocator-opt-out-ignored", "devices", "the app sets glibc's allocator although the user said "
              "FEDVLS_SYSTEM_MALLOC=1 or set glibc's own malloc settings",
              "fedvls_flwr/app/memory.py",
