@@ -469,6 +469,22 @@ FAULTS: tuple[Fault, ...] = (
           "tests/test_e2e_run_refusals.py::test_a_gpu_share_where_there_is_no_gpu_fails_the_simulation_before_round_1",
           "the ServerApp fails the run before round 1: `client-resources-num-gpus = 0.25 gives every simulated client "
           "a share of a GPU, but this machine has no GPU ...` (not Flower's `ActorPool is empty` traceback)"),
+    Fault("client-worker-killed", "a client worker SIGKILLed while it trains round 2 of 4 (`fedvls run`, "
+          "2 workers, 4 nodes; as the out-of-memory killer kills it)",
+          "tests/test_e2e_client_workers.py::test_a_killed_worker_fails_the_client_it_held_and_the_run_goes_on",
+          "round 2 records that client as failed (`the client worker process (pid ...) was killed by SIGKILL while it "
+          "ran this train message`), the other 3 accepted; the worker is started again (4 accepted from round 3); "
+          "the run completes"),
+    Fault("client-worker-killed-retried", "the same, with `round-retries=1` and `min-fit-fraction=1.0`",
+          "tests/test_e2e_client_workers.py::"
+          "test_a_round_retried_after_a_killed_worker_computes_what_an_undisturbed_run_computes",
+          "the round is trained again (attempts 2); every round's accuracy and loss, the final model and the "
+          "checkpoint equal an undisturbed run's, bit for bit"),
+    Fault("gpu-context-broken", "a client's CUDA context breaks (a device-side assert; simulated on the CPU) on "
+          "a client worker, another message queued behind it",
+          "tests/test_client_workers.py::test_a_worker_whose_gpu_context_broke_fails_only_its_message_and_is_replaced",
+          "only that client's reply fails (the ClientApp's error); a fresh worker serves the queued message and the "
+          "next round; the node's state is the one before"),
     Fault("ctrl-c-run", "Ctrl-C (SIGINT to the process group) in `fedvls run` after a saved round",
           "tests/test_e2e_sweep.py::test_ctrl_c_stops_fedvls_run_with_one_line_and_its_command_continues_the_run",
           "exit 130, no traceback, one line: `stopped by Ctrl-C (SIGINT); rounds 1-N are saved in ...; to "
