@@ -115,6 +115,7 @@ def _determinism() -> tuple:
 
 
 def test_deterministic_false_leaves_torch_alone_and_true_sets_deterministic_kernels(monkeypatch):
+    set_deterministic(False)  # what an earlier deterministic run in this test process left on, put back
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     before = _determinism()
     set_deterministic(False)
@@ -136,6 +137,7 @@ def test_a_run_without_deterministic_after_one_with_it_gets_torchs_settings_back
     deterministic = false after true puts back what true changed (it stayed on: deterministic
     kernels, no TF32, no cuDNN autotuning - slower, and other numbers than a fresh process), and
     leaves settings a user made before alone."""
+    set_deterministic(False)  # what an earlier deterministic run in this test process left on, put back
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")  # the user's own
     torch.backends.cudnn.benchmark = True
     try:
