@@ -197,6 +197,11 @@ def engine_round(device: torch.device, images_per_batch: int, work: Path) -> dic
             "images": 5 * images_per_batch}
 
 
+def save(results: dict[str, Any], out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1))
+
+
 def table(results: dict[str, Any]) -> str:
     models = [m for m in MODELS if m in results["clients"]]
     lines = [f"| measurement ({results['device']}) | " + " | ".join(models) + " |",
@@ -286,8 +291,7 @@ def main() -> int:
     results["augmentation_ms"] = augmentation(device, 64, 5 if args.cpu else 50)
     print(json.dumps({"augmentation_ms": results["augmentation_ms"]}), flush=True)
     if not args.no_round:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=1))  # what was measured so far, whatever the round does
+        save(results, args.out)  # what was measured so far, whatever the round does
         with tempfile.TemporaryDirectory(prefix="gpu-step-") as work:
             try:
                 results["round"] = engine_round(device, 40 if args.cpu else 1000, Path(work))
@@ -296,8 +300,7 @@ def main() -> int:
                 results["round"] = {"skipped": f"the round failed: {type(err).__name__}: {err}", "failed": True}
         print(json.dumps({"round": results["round"]}), flush=True)
     results["seconds"] = time.perf_counter() - t_start
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1))
+    save(results, args.out)
     print()
     print(table(results))
     print(f"\n{results['seconds']:.0f} s; every figure in {args.out}")

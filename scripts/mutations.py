@@ -561,6 +561,11 @@ MUTATIONS: list[Mutation] = [
              "assert) keeps serving, and every message it takes for the rest of the run fails",
              "fedvls_flwr/ops/client_worker.py", "        retire = reply.has_error() and gpu_context_broken()\n",
              "        retire = False\n", ("tests/test_client_workers.py",)),
+    Mutation("retired-worker-drops-its-queued-message", "engine", "the message queued behind one whose GPU "
+             "context broke is dropped with the retired worker instead of going back to the queue (the round "
+             "waits for its reply until round-timeout)", "fedvls_flwr/ops/client_pool.py",
+             "for task in reversed(held[1:] if running_failed else held):", "for task in reversed(held[1:]):",
+             ("tests/test_client_workers.py",)),
     Mutation("allocator-opt-out-ignored", "devices", "the app sets glibc's allocator although the user said "
              "FEDVLS_SYSTEM_MALLOC=1 or set glibc's own malloc settings",
              "fedvls_flwr/app/memory.py",

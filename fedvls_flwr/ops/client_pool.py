@@ -320,34 +320,31 @@ class ClientPool:
     def _lost(self, slot: _Slot, text: str) -> None:
         """The worker died: the message it was running fails (its node's state kept), one queued
         behind it goes back to the queue (it never started), and a fresh worker starts."""
-        self.crashes.append(text)
-        held, slot.held = list(slot.held), deque()
-        self._stop(slot)
-        with self._cond:
-            slot.state = "starting"
-            for task in reversed(held[1:]):
-                self._busy_nodes.discard(task.context.node_id)
-                self._pending.insert(0, task)
-        self._finish(held[0], crash_reply(held[0].message, text), None, None)
-        if not self._closing:
-            self._start(slot)
-        else:
-            slot.state = "failed"
+        self._replace(slot, text, running_failed=True)
 
     def _retire(self, slot: _Slot, reply: Message) -> None:
         """The worker's GPU context broke with the message it answered (that reply is the
         failure, as the ClientApp raised it) and the worker ends: a message queued behind it
         goes back to the queue (it never started) and a fresh worker takes the next ones."""
         reason = reply.error.reason.strip().splitlines()[-1] if reply.has_error() and reply.error.reason else "?"
-        self.crashes.append(f"a client worker's GPU context broke ({reason}); a fresh worker was started")
+        self._replace(slot, f"a client worker's GPU context broke ({reason}); a fresh worker was started",
+                      running_failed=False)
+
+    def _replace(self, slot: _Slot, text: str, running_failed: bool) -> None:
+        """The slot's worker ends (``text`` says why): the messages it holds go back to the queue
+        - but the one it was running when ``running_failed``, which fails with ``text`` - and a
+        fresh worker starts (unless the pool is closing)."""
+        self.crashes.append(text)
         held, slot.held = list(slot.held), deque()
         self._stop(slot)
         with self._cond:
             slot.state = "starting"
-            for task in reversed(held):
+            for task in reversed(held[1:] if running_failed else held):
                 self._busy_nodes.discard(task.context.node_id)
                 self._pending.insert(0, task)
             self._cond.notify_all()
+        if running_failed:
+            self._finish(held[0], crash_reply(held[0].message, text), None, None)
         if not self._closing:
             self._start(slot)
         else:
