@@ -566,6 +566,12 @@ MUTATIONS: list[Mutation] = [
              "waits for its reply until round-timeout)", "fedvls_flwr/ops/client_pool.py",
              "for task in reversed(held[1:] if running_failed else held):", "for task in reversed(held[1:]):",
              ("tests/test_client_workers.py",)),
+    Mutation("gpus-torch-cannot-use-planned", "devices", "workers are planned on GPUs the device files or "
+             "CUDA_VISIBLE_DEVICES show but torch cannot use (an index past the last GPU: those workers fail at "
+             "their first message; a CPU-only torch: they train on the CPU under a line that says cuda)",
+             "fedvls_flwr/ops/resources.py", "    if gpus > 0 and (usable := torch_gpus()) is not None and usable < gpus:",
+             "    if False and (usable := torch_gpus()) is not None and usable < gpus:",
+             ("tests/test_client_workers.py",)),
     Mutation("allocator-opt-out-ignored", "devices", "the app sets glibc's allocator although the user said "
              "FEDVLS_SYSTEM_MALLOC=1 or set glibc's own malloc settings",
              "fedvls_flwr/app/memory.py",

@@ -101,6 +101,38 @@ def test_the_worker_count_is_the_ray_simulations_actor_count(monkeypatch, cores,
     assert plan_workers(Machine(cores, gpus(gpu_count)), num_cpus, num_gpus, 1000).workers == flower
 
 
+def test_gpus_torch_cannot_use_are_not_planned_and_the_plan_says_why(monkeypatch):
+    """The device files and CUDA_VISIBLE_DEVICES can show more GPUs than torch can use (an index
+    past the last GPU, a CPU-only torch on a GPU machine): a process that has torch plans with
+    torch's count (workers on a GPU that is not there would fail at their first message, or
+    train on the CPU under a line that says cuda) and says so in the plan and in a refusal."""
+    import sys
+
+    import torch
+
+    from fedvls_flwr.ops.resources import detect_machine
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    machine = detect_machine()
+    assert machine.gpus == ((0, 1.0),)
+    assert "torch in this process sees 1 of the 4 GPU(s)" in machine.note and "'0,1,2,3'" in machine.note
+    plan = plan_workers(machine, 1, 0.25, 10)
+    assert set(plan.devices) == {(0,)} and machine.note in plan.describe()
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    machine = detect_machine()
+    assert machine.gpus == ()
+    problem = resource_problem(1, 0.25, machine)
+    assert problem is not None and "has no GPU" in problem and "sees 0 of the 4 GPU(s)" in problem
+    assert resource_problem(1, 0, machine) is None  # CPU clients: nothing to say
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)  # torch agrees: nothing to say
+    assert detect_machine().gpus == gpus(4) and detect_machine().note == ""
+    monkeypatch.delitem(sys.modules, "torch")  # fedvls check, the sweep's planner: no torch loaded
+    assert detect_machine().gpus == gpus(4)
+
+
 def test_a_config_the_machine_cannot_serve_is_refused_with_the_fix():
     assert resource_problem(1, 0, Machine(2)) is None
     assert resource_problem(1, 0.25, Machine(2, gpus(1))) is None

@@ -20,6 +20,8 @@ Standard library only: ``fedvls check`` and the sweep call it without loading to
 from __future__ import annotations
 
 import math
+import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +53,8 @@ class Machine:
 
     cores: float
     gpus: tuple[tuple[int, float], ...] = ()
+    #: Why the machine has fewer GPUs than it shows (:func:`detect_machine`); said with its plan.
+    note: str = field(default="", compare=False)
 
     @property
     def gpu_count(self) -> int:
@@ -152,6 +156,8 @@ def plan_workers(machine: Machine, num_cpus: float, num_gpus: float, nodes: int,
            "GPU places": f" ({machine.gpu_count} GPU(s) at client-resources-num-gpus={num_gpus:g} each)",
            "nodes": f" (one per node: {nodes} nodes)",
            "asked": " (as asked)"}[bound]
+    if machine.note:
+        why += f"; {machine.note}"
     return WorkerPlan(devices, threads, omp_threads, gpu_free_machine=not machine.gpus, why=why)
 
 
@@ -169,7 +175,7 @@ def resource_problem(num_cpus: float, num_gpus: float, machine: Machine, *, wher
                 "client gets), e.g. 0.25")
     federation = {"client-resources-num-cpus": num_cpus, "client-resources-num-gpus": num_gpus}
     if (problem := room_problem(federation, [machine.room()], where, engine="inprocess")) is not None:
-        return problem
+        return f"{problem} ({machine.note})" if machine.note and num_gpus > 0 else problem
     if num_gpus > 1 + _EPS and abs(num_gpus - round(num_gpus)) > _EPS:
         return (f"--federation-config client-resources-num-gpus = {num_gpus:g}: the in-process engine gives a client "
                 "a share of one GPU (at most 1, e.g. 0.25: four clients per GPU) or whole GPUs (2, 3, ...). Give one "
@@ -218,8 +224,34 @@ def detect_machine(federation: Mapping[str, Any] | None = None) -> Machine:
     Ray's ``init-args-num-cpus`` / ``init-args-num-gpus`` in ``federation`` declare), with no
     more GPUs than there are (a worker cannot use a GPU that is only declared)."""
     room = this_machine(federation or {})
-    gpus = min(int(room.gpus), visible_gpus())
-    return Machine(room.cpus, tuple((i, 1.0) for i in range(gpus)))
+    shown = visible_gpus()
+    gpus = min(int(room.gpus), shown)
+    note = ""
+    if gpus > 0 and (usable := torch_gpus()) is not None and usable < gpus:
+        note = (f"torch in this process sees {usable} of the {shown} GPU(s) this machine shows "
+                f"(CUDA_VISIBLE_DEVICES={_shown_env()}): a CPU-only build of torch, an index past the last GPU in "
+                "CUDA_VISIBLE_DEVICES, or a driver torch cannot use; the run plans with "
+                f"{usable} GPU(s)")
+        gpus = usable
+    return Machine(room.cpus, tuple((i, 1.0) for i in range(gpus)), note)
+
+
+def torch_gpus() -> int | None:
+    """The CUDA devices torch sees, when this process has imported torch already (None when it
+    has not: ``fedvls check`` and the sweep's planner stay without it). ``device_count`` asks
+    NVML first, as CUDA_VISIBLE_DEVICES trims it, and opens no CUDA context."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        return int(torch.cuda.device_count())
+    except Exception:  # noqa: BLE001 - a broken CUDA install: the device files' count stands
+        return None
+
+
+def _shown_env() -> str:
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return "unset" if value is None else repr(value)
 
 
 def cuda_visible_devices(gpus: tuple[int, ...], parent: str | None = None) -> str:
