@@ -572,6 +572,25 @@ MUTATIONS: list[Mutation] = [
              "fedvls_flwr/ops/resources.py", "    if gpus > 0 and (usable := torch_gpus()) is not None and usable < gpus:",
              "    if False and (usable := torch_gpus()) is not None and usable < gpus:",
              ("tests/test_client_workers.py",)),
+    Mutation("idle-dead-worker-fails-the-next-message", "engine", "a worker killed while idle (between "
+             "rounds, between two runs of a kept pool) fails the message next handed to it, which never ran",
+             "fedvls_flwr/ops/client_pool.py", "        self._replace(slot, text, running_failed=task.handed_to_dead > 1)",
+             "        self._replace(slot, text, running_failed=True)", ("tests/test_client_workers.py",)),
+    Mutation("refused-reply-fails-as-a-crash", "engine", "a reply holding a value Flower refuses fails as a "
+             "crashed client and the run goes on, where delivering it in one process stops the run with Flower's "
+             "error", "fedvls_flwr/ops/client_pool.py", "            raise _UnreadableReply(err) from err",
+             "            raise", ("tests/test_client_workers.py",)),
+    Mutation("pool-thread-error-ends-its-worker", "engine", "an error in the server's own handling of a worker "
+             "ends that worker's thread: its message fails with no reason given and the worker is gone for the "
+             "rest of the run (before the catch-all, its messages were never answered)",
+             "fedvls_flwr/ops/client_pool.py", "                except Exception as err:  # noqa: BLE001 - see the docstring",
+             "                except _Unqueued as err:  # noqa: BLE001 - see the docstring",
+             ("tests/test_client_workers.py",)),
+    Mutation("ended-runs-message-run-again", "engine", "a message of an ended run that a dying worker held "
+             "goes back to the queue and is run at the start of the next run (its reply thrown away)",
+             "fedvls_flwr/ops/client_pool.py",
+             "                if task.generation == self._generation:  # else its run ended (forget): nobody waits for it",
+             "                if True:", ("tests/test_client_workers.py",)),
     Mutation("allocator-opt-out-ignored", "devices", "the app sets glibc's allocator although the user said "
              "FEDVLS_SYSTEM_MALLOC=1 or set glibc's own malloc settings",
              "fedvls_flwr/app/memory.py",

@@ -543,6 +543,100 @@ def test_a_killed_worker_fails_only_the_message_it_held_and_is_started_again():
     assert signal.SIGKILL.name in pool.crashes[0]
 
 
+def test_a_worker_killed_while_idle_fails_no_message_and_is_started_again():
+    """Killed between two rounds (the out-of-memory killer, a kept pool between two runs): the
+    next message handed to it goes back to the queue, a fresh worker runs it, and no message
+    fails (before, the message that met the dead worker failed as if it had crashed it)."""
+    grid, pool = pool_grid(workers=1, nodes=2)
+    with pool:
+        pool.wait_started()
+        train_round(grid)
+        (pid,) = pool.pids()
+        os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+        replies = train_round(grid)
+        assert pool.pids() and pool.pids() != [pid]
+    assert all(not r.has_error() for r in replies.values())
+    assert counts(grid) == {0: 2, 1: 2}
+    assert len(pool.crashes) == 1 and "before it took this train message" in pool.crashes[0]
+
+
+def test_a_reply_the_server_refuses_fails_the_run_as_without_workers_and_the_pool_goes_on():
+    """A ClientApp that puts a value Flower refuses into its reply (after the record's own
+    check): the server raises Flower's TypeError, as it does when the client runs in its own
+    process - not a round that waits for the reply until its timeout (the pool's thread ended
+    on that error before) - and the pool still serves the next run."""
+    from tests import worker_apps
+
+    alone = InProcessGrid(worker_apps.app, Run.create_empty(11), {}, 2)
+    with pytest.raises(TypeError, match="MetricRecord"):
+        train_round(alone, do={0: "refused"})
+    grid, pool = pool_grid(workers=1, nodes=2)
+    with pool:
+        with pytest.raises(TypeError, match="same valid type|MetricRecord"):
+            train_round(grid, do={0: "refused"})
+        pool.forget()  # the run ended
+        replies = train_round(grid)
+        assert pool.alive and all(thread.is_alive() for thread in pool._threads)
+    assert all(not r.has_error() for r in replies.values())
+
+
+def test_an_error_in_the_pools_own_thread_fails_the_message_and_replaces_the_worker():
+    """Whatever goes wrong in this process while it serves a worker, the message that worker
+    held gets an error reply and a fresh worker takes the next ones: no message is left
+    without an answer and no node stays busy for the rest of the run."""
+    grid, pool = pool_grid(workers=1, nodes=2)
+    receive = pool._receive
+    broken = []
+
+    def receive_once_broken(slot, task):
+        if not broken:
+            broken.append(task)
+            raise RuntimeError("a planted error")
+        return receive(slot, task)
+
+    pool._receive = receive_once_broken  # type: ignore[method-assign]
+    with pool:
+        pool.wait_started()
+        first = set(pool.pids())
+        replies = train_round(grid)
+        pool.wait_started()
+        again = train_round(grid)
+        assert set(pool.pids()).isdisjoint(first)
+    failed = [r for r in replies.values() if r.has_error()]
+    assert len(failed) == 1 and failed[0].error.code == ErrorCode.CLIENT_APP_CRASHED
+    assert "RuntimeError: a planted error" in failed[0].error.reason
+    assert all(not r.has_error() for r in again.values())
+    assert sorted(counts(grid).values()) == [1, 2]  # the failed message's node kept its state
+
+
+def test_a_message_of_an_ended_run_is_not_run_again_when_its_worker_is_replaced(tmp_path, monkeypatch):
+    """A kept pool: the run ends (forget) while a worker holds its messages - one running, one
+    queued behind it; when that worker dies, the queued one is dropped, not run by the fresh
+    worker at the start of the next run (its reply would be thrown away)."""
+    from tests.worker_apps import LINGERING_ENV
+
+    marker = tmp_path / "lingering"
+    monkeypatch.setenv(LINGERING_ENV, str(marker))
+    grid, pool = pool_grid(workers=1, nodes=3)
+    with pool:
+        pool.wait_started()
+        nodes = sorted(grid.contexts, key=lambda n: int(grid.contexts[n].node_config["partition-id"]))
+        grid.push_messages([Message(RecordDict({"config": ConfigRecord({"do": do})}), dst_node_id=node,
+                                    message_type="train") for node, do in zip(nodes, ["linger", "count", "count"])])
+        deadline = time.monotonic() + 60
+        while not (marker.exists() and marker.read_text() and len(pool.slots[0].held) == 2):
+            assert time.monotonic() < deadline, "the worker never took the first two messages"
+            time.sleep(0.02)
+        pool.forget()
+        os.kill(int(marker.read_text()), signal.SIGKILL)
+        pool.wait_started()
+        time.sleep(0.5)  # room for the fresh worker to run what it was (wrongly) given
+        assert pool._pending == [] and not pool.slots[0].held
+    assert counts(grid) == {}  # nothing of the ended run ran
+
+
 def test_a_worker_whose_gpu_context_broke_fails_only_its_message_and_is_replaced():
     """A device-side assert or an illegal memory access leaves a process's CUDA context failing
     every later CUDA call: the worker that met one answers its message with that failure, ends,

@@ -13,7 +13,8 @@ filled with its partition id (replies that differ, to tell one from another); ``
 its process id to the file ``$FEDVLS_TEST_LINGERING`` names,
 then waits 30 s (a worker caught in the middle of a message); ``poison`` raises as a CUDA error that
 breaks the process's GPU context would, and makes the worker's check of its context say it broke
-(only ever sent to a worker: the check stays changed in the process that ran it).
+(only ever sent to a worker: the check stays changed in the process that ran it); ``refused``
+replies a metric list changed after Flower checked it (a value Flower's wire refuses).
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ def train(msg: Message, context: Context) -> Message:
         arrays = ArrayRecord({k: Array(np.full(a.shape, partition, dtype=np.float32)) for k, a in arrays.items()})
     metrics = MetricRecord({"count": seen + 1, "pid": os.getpid(),
                             "partition": int(context.node_config.get("partition-id", -1))})
+    if do == "refused":
+        metrics["listed"] = [1, 2]
+        metrics["listed"].append("x")  # type: ignore[union-attr]  # past the record's check, as a ClientApp may
     if do == "draw":
         import torch
 

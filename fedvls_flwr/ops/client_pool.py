@@ -23,7 +23,11 @@ What keeps a run's results those of one worker (and of ``flwr run .``), bit for 
   is an error (``CLIENT_APP_CRASHED``), its node's state stays as it was, a message queued
   behind it goes back to the queue, the worker is started again and the run goes on (the
   strategy's ``min-fit-fraction`` and ``round-retries`` decide what the failure means for the
-  round).
+  round); one that died while idle fails none (the message handed to it goes back to the
+  queue), and an error in this process's own handling of a worker counts as that worker's
+  crash - no message is ever left without a reply;
+* a reply holding a value Flower refuses (a ClientApp that changed a record after Flower
+  checked it) raises Flower's error in the server, as delivering it in one process does.
 
 Little copying: each distinct array (the global model of a round, which every message of the
 round shares) goes to a worker once and stays there for its next message that refers to it;
@@ -102,10 +106,20 @@ class _Task:
     content: Encoded
     generation: int = 0  # the pool's generation when it was queued (a run's)
     state_blobs: list[bytes] = field(default_factory=list)  # the node's state as sent (a reply may name them)
+    handed_to_dead: int = 0  # times a worker was found dead as this message was handed to it
 
 
 class _WorkerGone(Exception):
     """The worker process ended while it held messages."""
+
+
+class _UnreadableReply(Exception):
+    """A reply came back whole but this process refuses its values (the ClientApp put in one
+    that Flower does not allow): the run fails with that error, as without workers."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 @dataclass
@@ -148,6 +162,7 @@ class ClientPool:
         self._pending: list[_Task] = []
         self._busy_nodes: set[int] = set()
         self._replies: dict[str, Message] = {}
+        self._refused: dict[str, Exception] = {}  # replies whose values this process refused, by message id
         self._numbers = itertools.count(1)
         self._generation = 0
         self._closing = False
@@ -187,6 +202,9 @@ class ClientPool:
         deadline = time.monotonic() + wait
         with self._cond:
             while True:
+                for i in message_ids:
+                    if i in self._refused:  # raised here, as delivering it in this process raises it
+                        raise self._refused.pop(i)
                 ready = [i for i in message_ids if i in self._replies]
                 left = deadline - time.monotonic()
                 if len(ready) == len(message_ids) or left <= 0:
@@ -211,6 +229,7 @@ class ClientPool:
                 self._busy_nodes.discard(task.context.node_id)
             self._pending.clear()
             self._replies.clear()
+            self._refused.clear()
 
     @property
     def alive(self) -> bool:
@@ -245,40 +264,80 @@ class ClientPool:
     # ---- one thread per worker -------------------------------------------------------------
     def _serve(self, slot: _Slot) -> None:
         """Start the slot's worker, then keep it fed until the pool closes: one message
-        running and, while the queue is long, the next one waiting in its socket."""
-        if not self._start(slot):
-            return
-        while slot.state != "failed":
-            if not slot.held:  # nothing to run: wait for a message (None: the pool closes)
-                task = self._take(slot, queued=False)
-                if task is None:
-                    break
+        running and, while the queue is long, the next one waiting in its socket. An error
+        this thread did not foresee ends the worker like a crash (the message it ran fails, the
+        next goes back to the queue, a fresh worker starts): a thread that died would leave its
+        messages unanswered and their nodes busy for the rest of the run."""
+        try:
+            if not self._start(slot):
+                return
+            while slot.state != "failed":
                 try:
-                    self._send(slot, task, queued=False)
-                except _WorkerGone as gone:
-                    slot.held.append(task)
-                    self._lost(slot, str(gone))
-                    continue
-            if len(slot.held) == 1 and (task := self._take(slot, queued=True)) is not None:
-                try:
-                    self._send(slot, task, queued=True)
-                except _Unqueued:
-                    self._put_back(task)
-                except _WorkerGone as gone:
-                    slot.held.append(task)
-                    self._lost(slot, str(gone))
-                    continue
-            head = slot.held[0]
+                    if not self._turn(slot):
+                        break
+                except Exception as err:  # noqa: BLE001 - see the docstring
+                    if self._closing:
+                        break
+                    process = slot.process
+                    self._replace(slot, f"the client worker process (pid {None if process is None else process.pid}) "
+                                        f"was stopped after an error in this process: {type(err).__name__}: {err}",
+                                  running_failed=bool(slot.held))
+        finally:
+            self._stop(slot)
+            with self._cond:
+                if not self._closing and slot.state != "failed":
+                    slot.state = "failed"
+                    slot.failure = slot.failure or "its thread in the server process ended"
+                held, slot.held = list(slot.held), deque()
+                self._cond.notify_all()
+            for task in held:  # only when even the fallback above failed: nobody would answer them
+                self._finish(task, crash_reply(task.message, "the client worker's thread ended"), None, None)
+            with self._cond:
+                self._fail_pending_if_none_left()
+                self._cond.notify_all()
+
+    def _turn(self, slot: _Slot) -> bool:
+        """Hand the worker a message (and, while the queue is long, the next one to wait in its
+        socket), then take the reply to the one it runs; False when the pool closes."""
+        if not slot.held:  # nothing to run: wait for a message (None: the pool closes)
+            task = self._take(slot, queued=False)
+            if task is None:
+                return False
             try:
-                reply, state, seconds, retire = self._receive(slot, head)
-            except _WorkerGone as gone:
-                self._lost(slot, str(gone))
-                continue
+                self._send(slot, task, queued=False)
+            except _WorkerGone as gone:  # it ended while idle: the message never ran
+                self._found_dead(slot, task, str(gone))
+                return True
+            except Exception:
+                slot.held.append(task)  # it fails with the error (_serve), not left unanswered
+                raise
+        if len(slot.held) == 1 and (task := self._take(slot, queued=True)) is not None:
+            try:
+                self._send(slot, task, queued=True)
+            except (_Unqueued, _WorkerGone):  # it never reached the worker (gone: the reply to the one
+                self._put_back(task)           # it runs may be in the socket already, read below)
+            except Exception:
+                self._put_back(task)
+                raise
+        head = slot.held[0]
+        try:
+            reply, state, seconds, retire = self._receive(slot, head)
+        except _WorkerGone as gone:
+            self._lost(slot, str(gone))
+            return True
+        except _UnreadableReply as refused:
             slot.held.popleft()
-            self._finish(head, reply, state, seconds)
-            if retire:
-                self._retire(slot, reply)
-        self._stop(slot)
+            with self._cond:
+                self._busy_nodes.discard(head.context.node_id)
+                if head.generation == self._generation:
+                    self._refused[head.message.metadata.message_id] = refused.error
+                self._cond.notify_all()
+            return True
+        slot.held.popleft()
+        self._finish(head, reply, state, seconds)
+        if retire:
+            self._retire(slot, reply)
+        return True
 
     def _take(self, slot: _Slot, queued: bool) -> _Task | None:
         """The next message for this worker: the first queued whose node is free. With nothing
@@ -317,6 +376,14 @@ class ClientPool:
                 self._replies[task.message.metadata.message_id] = reply
             self._cond.notify_all()
 
+    def _found_dead(self, slot: _Slot, task: _Task, text: str) -> None:
+        """The worker had ended before ``task`` reached it (killed while idle): ``task`` goes back
+        to the queue and a fresh worker starts. Found so a second time, ``task`` fails with
+        ``text`` (a message that ends every worker it is handed to must not go round forever)."""
+        task.handed_to_dead += 1
+        slot.held.append(task)
+        self._replace(slot, text, running_failed=task.handed_to_dead > 1)
+
     def _lost(self, slot: _Slot, text: str) -> None:
         """The worker died: the message it was running fails (its node's state kept), one queued
         behind it goes back to the queue (it never started), and a fresh worker starts."""
@@ -341,7 +408,8 @@ class ClientPool:
             slot.state = "starting"
             for task in reversed(held[1:] if running_failed else held):
                 self._busy_nodes.discard(task.context.node_id)
-                self._pending.insert(0, task)
+                if task.generation == self._generation:  # else its run ended (forget): nobody waits for it
+                    self._pending.insert(0, task)
             self._cond.notify_all()
         if running_failed:
             self._finish(held[0], crash_reply(held[0].message, text), None, None)
@@ -420,14 +488,18 @@ class ClientPool:
                                task.content, node, state, self.log_to, env), HEADER_PROTOCOL)
         if queued and (outgoing or len(header) > QUEUED_HEADER_MOST):
             raise _Unqueued
+        slot.held.append(task)  # before it goes: close() terminates a worker that holds a message
         try:
             conn.send_bytes(header)
             bulk.send_file()  # a new anonymous file, right after the message that names it
             bulk.send_rest(outgoing, layout)
         except OSError as err:
-            raise _WorkerGone(self._gone_text(slot, task, err)) from None
+            slot.held.pop()
+            raise _WorkerGone(self._gone_text(slot, task, err, ran=False)) from None
+        except BaseException:
+            slot.held.pop()
+            raise
         slot.has = set(keep)
-        slot.held.append(task)
         self._spent(time.perf_counter() - t0)
 
     def _receive(self, slot: _Slot, task: _Task) -> tuple[Message, RecordDict | None, float, bool]:
@@ -452,12 +524,16 @@ class ClientPool:
         def blob(n: int) -> bytes:  # a frame of the reply, or (negative) a state array sent with the message
             return frames[n] if n >= 0 else task.state_blobs[-n - 1]
 
-        if body[0] == "error":
-            reply = make_message(metadata, error=body[1])
-        else:
-            reply = make_message(metadata, content=decode_records(body[1], blob, as_sent=True))
-        state = None if new_state is None else decode_records(new_state, blob)
-        task.state_blobs = []
+        try:
+            if body[0] == "error":
+                reply = make_message(metadata, error=body[1])
+            else:
+                reply = make_message(metadata, content=decode_records(body[1], blob, as_sent=True))
+            state = None if new_state is None else decode_records(new_state, blob)
+        except (TypeError, ValueError) as err:  # the values Flower refuses (the whole reply was read)
+            raise _UnreadableReply(err) from err
+        finally:
+            task.state_blobs = []
         self._spent(time.perf_counter() - t0)
         return reply, state, seconds, retire
 
@@ -480,7 +556,7 @@ class ClientPool:
         slot.unlink = None if path == MEMFD_PATH else path
         return path, size
 
-    def _gone_text(self, slot: _Slot, task: _Task, err: BaseException) -> str:
+    def _gone_text(self, slot: _Slot, task: _Task, err: BaseException, ran: bool = True) -> str:
         process = slot.process
         code = None
         if process is not None:
@@ -490,7 +566,8 @@ class ClientPool:
                 code = None
         how = (f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0
                else f"ended (exit code {code})" if code is not None else f"stopped answering ({err})")
-        return (f"the client worker process (pid {None if process is None else process.pid}) {how} while it ran "
+        when = "while it ran" if ran else "before it took"
+        return (f"the client worker process (pid {None if process is None else process.pid}) {how} {when} "
                 f"this {task.message.metadata.message_type} message (killed, or out of memory?); the node's "
                 "state is kept and the worker was started again")
 
