@@ -591,6 +591,11 @@ MUTATIONS: list[Mutation] = [
              "fedvls_flwr/ops/client_pool.py",
              "                if task.generation == self._generation:  # else its run ended (forget): nobody waits for it",
              "                if True:", ("tests/test_client_workers.py",)),
+    Mutation("cublas-workspace-set-only-when-deterministic", "devices", "CUBLAS_WORKSPACE_CONFIG is set only "
+             "when a deterministic run starts: too late in a process that multiplied on a GPU before (torch reads "
+             "it once), so a kept worker's deterministic run raises at its first matrix product",
+             "fedvls_flwr/__init__.py", 'os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")',
+             'os.environ.get("CUBLAS_WORKSPACE_CONFIG", ":4096:8")', ("tests/test_device.py",)),
     Mutation("allocator-opt-out-ignored", "devices", "the app sets glibc's allocator although the user said "
              "FEDVLS_SYSTEM_MALLOC=1 or set glibc's own malloc settings",
              "fedvls_flwr/app/memory.py",

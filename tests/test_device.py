@@ -114,6 +114,27 @@ def _determinism() -> tuple:
             torch.backends.cudnn.conv.fp32_precision, os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
 
 
+@pytest.mark.parametrize("module", ["fedvls_flwr.app.client_app", "fedvls_flwr.app.server_app",
+                                    "fedvls_flwr.ops.client_worker"])
+@pytest.mark.parametrize("users_own", [None, ":16:8"])
+def test_every_process_of_the_app_has_the_cublas_workspace_before_any_cuda_work(module, users_own):
+    """torch reads CUBLAS_WORKSPACE_CONFIG once, at a process's first cuBLAS call: set when a
+    deterministic run starts, it comes too late in a process that multiplied on a GPU before (a
+    kept worker after a run without it; that run raises at its first matrix product on a GPU).
+    So importing what a ClientApp, a ServerApp or a client worker runs sets it, torch loaded or
+    not (a user's own value stands)."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "CUBLAS_WORKSPACE_CONFIG"}
+    if users_own is not None:
+        env["CUBLAS_WORKSPACE_CONFIG"] = users_own
+    code = f"import os, {module}; print(os.environ.get('CUBLAS_WORKSPACE_CONFIG'))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == (users_own or device_module.CUBLAS_WORKSPACE)
+
+
 def test_deterministic_false_leaves_torch_alone_and_true_sets_deterministic_kernels(monkeypatch):
     set_deterministic(False)  # what an earlier deterministic run in this test process left on, put back
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
@@ -125,11 +146,11 @@ def test_deterministic_false_leaves_torch_alone_and_true_sets_deterministic_kern
         assert torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.deterministic
         assert torch.backends.cuda.matmul.fp32_precision == "ieee"
         assert not torch.backends.cudnn.benchmark
-        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"  # removed since the import: set again
         set_deterministic(True)  # every message of such a run says so again
     finally:
         set_deterministic(False)
-    assert _determinism() == before
+    assert _determinism()[:-1] == before[:-1]  # the variable stays: torch reads it once, at the first cuBLAS call
 
 
 def test_a_run_without_deterministic_after_one_with_it_gets_torchs_settings_back(monkeypatch):

@@ -18,7 +18,8 @@ import torch
 
 from fedvls_flwr.config.run_config import RunConfig, model_name
 
-#: cuBLAS needs a fixed workspace to be deterministic (NVIDIA's cuBLAS docs, "Results reproducibility").
+#: cuBLAS needs a fixed workspace to be deterministic (NVIDIA's cuBLAS docs, "Results reproducibility");
+#: every process of the app has it from its first import of the package (fedvls_flwr/__init__.py).
 CUBLAS_WORKSPACE = ":4096:8"
 
 #: The models whose client step was measured faster on a GPU with bfloat16 autocast (``amp``), and
@@ -92,8 +93,8 @@ def peak_gpu_memory(device: torch.device) -> Iterator[list[float]]:
 
 
 #: What ``set_deterministic(True)`` found before it changed torch's settings (None: it did not,
-#: or they were put back): torch's flags, and whether it set the cuBLAS workspace variable.
-_before_deterministic: tuple[tuple[bool, bool, bool, str, str], bool] | None = None
+#: or they were put back): torch's flags.
+_before_deterministic: tuple[bool, bool, bool, str, str] | None = None
 
 
 def _torch_determinism() -> tuple[bool, bool, bool, str, str]:
@@ -113,18 +114,16 @@ def set_deterministic(enabled: bool) -> None:
     global _before_deterministic
     if not enabled:
         if _before_deterministic is not None:
-            (algorithms, cudnn_deterministic, benchmark, matmul, conv), set_workspace = _before_deterministic
+            algorithms, cudnn_deterministic, benchmark, matmul, conv = _before_deterministic
             torch.use_deterministic_algorithms(algorithms)
             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn_deterministic, benchmark
             torch.backends.cuda.matmul.fp32_precision = matmul
             torch.backends.cudnn.conv.fp32_precision = conv  # type: ignore[attr-defined]
-            if set_workspace and os.environ.get("CUBLAS_WORKSPACE_CONFIG") == CUBLAS_WORKSPACE:
-                del os.environ["CUBLAS_WORKSPACE_CONFIG"]
             _before_deterministic = None
         return
     if _before_deterministic is None:
-        _before_deterministic = (_torch_determinism(), "CUBLAS_WORKSPACE_CONFIG" not in os.environ)
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+        _before_deterministic = _torch_determinism()
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)  # removed since the import: too late after cuBLAS
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
