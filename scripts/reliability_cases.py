@@ -485,6 +485,20 @@ FAULTS: tuple[Fault, ...] = (
           "tests/test_client_workers.py::test_a_worker_whose_gpu_context_broke_fails_only_its_message_and_is_replaced",
           "only that client's reply fails (the ClientApp's error); a fresh worker serves the queued message and the "
           "next round; the node's state is the one before"),
+    Fault("client-worker-killed-idle", "a client worker SIGKILLed between two rounds, while idle (1 worker, "
+          "2 nodes)", "tests/test_client_workers.py::test_a_worker_killed_while_idle_fails_no_message_and_is_started_again",
+          "no client fails: the message handed to the dead worker goes to a fresh one; the pool records the crash "
+          "(`... before it took this train message`); every node counts on"),
+    Fault("client-reply-refused", "a ClientApp on a client worker replies a value Flower refuses (a metric list "
+          "changed after Flower checked it)",
+          "tests/test_client_workers.py::test_a_reply_the_server_refuses_fails_the_run_as_without_workers_and_the_pool_goes_on",
+          "the server raises Flower's TypeError at once, as when the client runs in the server's process (no round "
+          "waits for the reply until round-timeout); the pool serves the next run"),
+    Fault("client-pool-thread-error", "an unforeseen error in the server's own handling of a client worker's "
+          "reply (planted)",
+          "tests/test_client_workers.py::test_an_error_in_the_pools_own_thread_fails_the_message_and_replaces_the_worker",
+          "that client's reply fails naming the error (`CLIENT_APP_CRASHED`), its node's state stays as it was, a "
+          "fresh worker serves the next round; no message is left without a reply"),
     Fault("ctrl-c-run", "Ctrl-C (SIGINT to the process group) in `fedvls run` after a saved round",
           "tests/test_e2e_sweep.py::test_ctrl_c_stops_fedvls_run_with_one_line_and_its_command_continues_the_run",
           "exit 130, no traceback, one line: `stopped by Ctrl-C (SIGINT); rounds 1-N are saved in ...; to "

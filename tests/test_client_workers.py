@@ -637,6 +637,38 @@ def test_a_message_of_an_ended_run_is_not_run_again_when_its_worker_is_replaced(
     assert counts(grid) == {}  # nothing of the ended run ran
 
 
+def test_closing_while_a_message_is_handed_over_stops_the_worker_before_it_runs_it(tmp_path, monkeypatch):
+    """close() (a stopped run) while a message is on its way to a worker: that worker counts as
+    busy and is terminated, not left to run the message while close() waits for it (before, it
+    looked idle until the message was all sent: the client ran, and close() waited 15 s)."""
+    import threading
+
+    from fedvls_flwr.ops.client_worker import Bulk
+    from tests.worker_apps import LINGERING_ENV
+
+    marker = tmp_path / "lingering"
+    monkeypatch.setenv(LINGERING_ENV, str(marker))
+    sending, send_rest = threading.Event(), Bulk.send_rest
+
+    def slow_send_rest(self, blobs, layout):
+        sending.set()
+        time.sleep(1.5)
+        return send_rest(self, blobs, layout)
+
+    monkeypatch.setattr(Bulk, "send_rest", slow_send_rest)
+    grid, pool = pool_grid(workers=1, nodes=1)
+    pool.wait_started()
+    (node,) = grid.contexts
+    shared = RecordDict({"arrays": ArrayRecord({"w": Array(np.ones(4, dtype=np.float32))}),
+                         "config": ConfigRecord({"do": "linger"})})
+    grid.push_messages([Message(shared, dst_node_id=node, message_type="train")])
+    assert sending.wait(60)
+    pool.close()
+    time.sleep(0.5)
+    assert not marker.exists()  # the client never ran
+    assert not pool.pids()
+
+
 def test_a_worker_whose_gpu_context_broke_fails_only_its_message_and_is_replaced():
     """A device-side assert or an illegal memory access leaves a process's CUDA context failing
     every later CUDA call: the worker that met one answers its message with that failure, ends,
