@@ -596,6 +596,15 @@ MUTATIONS: list[Mutation] = [
              "it once), so a kept worker's deterministic run raises at its first matrix product",
              "fedvls_flwr/__init__.py", 'os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")',
              'os.environ.get("CUBLAS_WORKSPACE_CONFIG", ":4096:8")', ("tests/test_device.py",)),
+    Mutation("closing-pool-hands-over-a-message", "engine", "a message a pool thread was preparing when "
+             "close() came is handed over all the same: its worker runs the client while close() waits for it",
+             "fedvls_flwr/ops/client_pool.py", "                raise _Closing", "                pass",
+             ("tests/test_client_workers.py",)),
+    Mutation("put-back-ignores-the-ended-run", "engine", "a message of an ended run that could not wait in a "
+             "worker's socket goes back to the head of the queue and runs in the next run (its reply thrown away)",
+             "fedvls_flwr/ops/client_pool.py",
+             "            if task.generation == self._generation and not self._closing:",
+             "            if not self._closing:", ("tests/test_client_workers.py",)),
     Mutation("allocator-opt-out-ignored", "devices", "the app sets glibc's allocator although the user said "
              "FEDVLS_SYSTEM_MALLOC=1 or set glibc's own malloc settings",
              "fedvls_flwr/app/memory.py",

@@ -611,6 +611,33 @@ def test_an_error_in_the_pools_own_thread_fails_the_message_and_replaces_the_wor
     assert sorted(counts(grid).values()) == [1, 2]  # the failed message's node kept its state
 
 
+def test_an_error_after_a_message_was_handed_over_gives_it_one_reply():
+    """The server's bookkeeping fails just after a message went to its worker (planted): the
+    message fails once, with that error, and is not run again by the fresh worker (it was held
+    twice before: one crash reply, then a second reply for the same message)."""
+    grid, pool = pool_grid(workers=1, nodes=1)
+    spent, calls = pool._spent, []
+
+    def spent_once_broken(seconds):
+        calls.append(seconds)
+        if len(calls) == 1:
+            raise RuntimeError("a planted error after the hand-over")
+        return spent(seconds)
+
+    pool._spent = spent_once_broken  # type: ignore[method-assign]
+    with pool:
+        pool.wait_started()
+        (node,) = grid.contexts
+        (sent,) = grid.push_messages([Message(RecordDict({"config": ConfigRecord({"do": "count"})}), dst_node_id=node,
+                                              message_type="train")])
+        (first,) = pool.collect([sent], wait=60)
+        pool.wait_started()
+        time.sleep(1.0)  # room for the fresh worker to run it again, as it did
+        again = pool.collect([sent])
+    assert first.has_error() and "a planted error after the hand-over" in first.error.reason
+    assert again == [] and counts(grid) == {}
+
+
 def test_a_message_of_an_ended_run_is_not_run_again_when_its_worker_is_replaced(tmp_path, monkeypatch):
     """A kept pool: the run ends (forget) while a worker holds its messages - one running, one
     queued behind it; when that worker dies, the queued one is dropped, not run by the fresh
@@ -637,36 +664,76 @@ def test_a_message_of_an_ended_run_is_not_run_again_when_its_worker_is_replaced(
     assert counts(grid) == {}  # nothing of the ended run ran
 
 
-def test_closing_while_a_message_is_handed_over_stops_the_worker_before_it_runs_it(tmp_path, monkeypatch):
-    """close() (a stopped run) while a message is on its way to a worker: that worker counts as
-    busy and is terminated, not left to run the message while close() waits for it (before, it
-    looked idle until the message was all sent: the client ran, and close() waited 15 s)."""
+@pytest.mark.parametrize("slowed", ["encoding the node's state", "sending the arrays"])
+def test_closing_while_a_message_is_handed_over_stops_the_worker_before_it_runs_it(tmp_path, monkeypatch, slowed):
+    """close() (a stopped run) while a message is on its way to a worker - being prepared, or
+    being sent: the message is not handed over, or its worker counts as busy and is terminated;
+    either way the client never runs while close() waits for it (before, a worker looked idle
+    until the message was all sent: the client ran, and close() waited 15 s for it)."""
     import threading
 
+    from fedvls_flwr.ops import client_pool
     from fedvls_flwr.ops.client_worker import Bulk
     from tests.worker_apps import LINGERING_ENV
 
     marker = tmp_path / "lingering"
     monkeypatch.setenv(LINGERING_ENV, str(marker))
-    sending, send_rest = threading.Event(), Bulk.send_rest
+    on_its_way = threading.Event()
 
-    def slow_send_rest(self, blobs, layout):
-        sending.set()
-        time.sleep(1.5)
-        return send_rest(self, blobs, layout)
+    def slowed_down(real):
+        def slow(*args, **kwargs):
+            if threading.current_thread().name.startswith("fedvls-client-worker"):  # the pool's, not submit's
+                on_its_way.set()
+                time.sleep(1.5)
+            return real(*args, **kwargs)
+        return slow
 
-    monkeypatch.setattr(Bulk, "send_rest", slow_send_rest)
+    if slowed == "sending the arrays":
+        monkeypatch.setattr(Bulk, "send_rest", slowed_down(Bulk.send_rest))
+    else:
+        monkeypatch.setattr(client_pool, "encode_records", slowed_down(client_pool.encode_records))
     grid, pool = pool_grid(workers=1, nodes=1)
     pool.wait_started()
     (node,) = grid.contexts
     shared = RecordDict({"arrays": ArrayRecord({"w": Array(np.ones(4, dtype=np.float32))}),
                          "config": ConfigRecord({"do": "linger"})})
     grid.push_messages([Message(shared, dst_node_id=node, message_type="train")])
-    assert sending.wait(60)
+    assert on_its_way.wait(60)
     pool.close()
     time.sleep(0.5)
     assert not marker.exists()  # the client never ran
     assert not pool.pids()
+
+
+def test_a_message_of_an_ended_run_that_could_not_wait_in_a_socket_is_not_run_again():
+    """The run ends (forget) while a message is being made ready to wait behind a worker's
+    current one, and it turns out too big to wait there (its node's state is large): it is
+    dropped, not put back at the head of the queue for the next run's workers to run."""
+    grid, pool = pool_grid(workers=1, nodes=4)
+    nodes = sorted(grid.contexts, key=lambda n: int(grid.contexts[n].node_config["partition-id"]))
+    grid.contexts[nodes[1]].state["big"] = ConfigRecord({"text": "x" * 70_000})  # its header cannot wait
+    send, held_up = pool._send, []
+
+    def send_late(slot, task, queued):
+        if queued and not held_up:
+            held_up.append(task)
+            time.sleep(1.0)  # the main thread ends the run meanwhile
+        return send(slot, task, queued)
+
+    pool._send = send_late  # type: ignore[method-assign]
+    with pool:
+        pool.wait_started()
+        grid.push_messages([Message(RecordDict({"config": ConfigRecord({"do": do})}), dst_node_id=node,
+                                    message_type="train") for node, do in zip(nodes, ["slow", "count", "count", "count"])])
+        deadline = time.monotonic() + 60
+        while not held_up:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        pool.forget()
+        time.sleep(2.5)  # the running message ends; a message put back would run now
+        assert pool._pending == []
+    assert int(held_up[0].context.node_config["partition-id"]) == 1
+    assert 1 not in counts(grid)  # the ended run's message never ran
 
 
 def test_a_worker_whose_gpu_context_broke_fails_only_its_message_and_is_replaced():

@@ -40,6 +40,7 @@ process to wake up between two clients.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import pickle
@@ -283,7 +284,8 @@ class ClientPool:
                                         f"was stopped after an error in this process: {type(err).__name__}: {err}",
                                   running_failed=bool(slot.held))
         finally:
-            self._stop(slot)
+            with contextlib.suppress(OSError, ValueError):
+                self._stop(slot)
             with self._cond:
                 if not self._closing and slot.state != "failed":
                     slot.state = "failed"
@@ -305,20 +307,28 @@ class ClientPool:
                 return False
             try:
                 self._send(slot, task, queued=False)
+            except _Closing:
+                self._put_back(task)
+                return False
             except _WorkerGone as gone:  # it ended while idle: the message never ran
                 self._found_dead(slot, task, str(gone))
                 return True
             except Exception:
-                slot.held.append(task)  # it fails with the error (_serve), not left unanswered
+                if not _holds(slot, task):
+                    slot.held.append(task)  # it fails with the error (_serve), not left unanswered
                 raise
         if len(slot.held) == 1 and (task := self._take(slot, queued=True)) is not None:
             try:
                 self._send(slot, task, queued=True)
+            except _Closing:
+                self._put_back(task)
+                return False
             except (_Unqueued, _WorkerGone):  # it never reached the worker (gone: the reply to the one
                 self._put_back(task)           # it runs may be in the socket already, read below)
             except Exception:
-                self._put_back(task)
-                raise
+                if _holds(slot, task):  # on its way when it failed: the worker is replaced (_serve)
+                    raise
+                self._put_back(task)  # it fails alone when it is next handed over, the running one unharmed
         head = slot.held[0]
         try:
             reply, state, seconds, retire = self._receive(slot, head)
@@ -360,9 +370,11 @@ class ClientPool:
             return None
 
     def _put_back(self, task: _Task) -> None:
+        """``task`` never reached a worker: first in the queue again (unless its run has ended)."""
         with self._cond:
             self._busy_nodes.discard(task.context.node_id)
-            self._pending.insert(0, task)
+            if task.generation == self._generation and not self._closing:
+                self._pending.insert(0, task)
             self._cond.notify_all()
 
     def _finish(self, task: _Task, reply: Message, state: RecordDict | None, seconds: float | None) -> None:
@@ -403,7 +415,8 @@ class ClientPool:
         fresh worker starts (unless the pool is closing)."""
         self.crashes.append(text)
         held, slot.held = list(slot.held), deque()
-        self._stop(slot)
+        with contextlib.suppress(OSError, ValueError):  # a worker that cannot be stopped cleanly is stopped all the same
+            self._stop(slot)
         with self._cond:
             slot.state = "starting"
             for task in reversed(held[1:] if running_failed else held):
@@ -488,7 +501,10 @@ class ClientPool:
                                task.content, node, state, self.log_to, env), HEADER_PROTOCOL)
         if queued and (outgoing or len(header) > QUEUED_HEADER_MOST):
             raise _Unqueued
-        slot.held.append(task)  # before it goes: close() terminates a worker that holds a message
+        with self._cond:  # close() sets _closing and then terminates every worker that holds a message
+            if self._closing:
+                raise _Closing
+            slot.held.append(task)
         try:
             conn.send_bytes(header)
             bulk.send_file()  # a new anonymous file, right after the message that names it
@@ -611,6 +627,14 @@ class ClientPool:
         if slot.unlink is not None:
             Path(slot.unlink).unlink(missing_ok=True)
             slot.unlink = None
+
+
+class _Closing(Exception):
+    """The pool closes: a message about to be handed over stays with the pool."""
+
+
+def _holds(slot: _Slot, task: _Task) -> bool:
+    return any(held is task for held in slot.held)
 
 
 class _Unqueued(Exception):
