@@ -54,7 +54,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from uuid import uuid4
 
 from flwr.app import ArrayRecord, Context, Error, Message, RecordDict
@@ -162,8 +162,8 @@ class ClientPool:
         self._cond = threading.Condition()
         self._pending: list[_Task] = []
         self._busy_nodes: set[int] = set()
-        self._replies: dict[str, Message] = {}
-        self._refused: dict[str, Exception] = {}  # replies whose values this process refused, by message id
+        # the replies by message id; an exception: a reply whose values this process refused
+        self._replies: dict[str, Message | Exception] = {}
         self._numbers = itertools.count(1)
         self._generation = 0
         self._closing = False
@@ -204,12 +204,13 @@ class ClientPool:
         with self._cond:
             while True:
                 for i in message_ids:
-                    if i in self._refused:  # raised here, as delivering it in this process raises it
-                        raise self._refused.pop(i)
+                    if isinstance(refused := self._replies.get(i), Exception):  # raised, as delivering it here is
+                        del self._replies[i]
+                        raise refused
                 ready = [i for i in message_ids if i in self._replies]
                 left = deadline - time.monotonic()
                 if len(ready) == len(message_ids) or left <= 0:
-                    return [self._replies.pop(i) for i in ready]
+                    return [cast(Message, self._replies.pop(i)) for i in ready]  # no exception left (above)
                 self._cond.wait(left)
 
     def wait_started(self, timeout: float = START_TIMEOUT) -> None:
@@ -230,7 +231,6 @@ class ClientPool:
                 self._busy_nodes.discard(task.context.node_id)
             self._pending.clear()
             self._replies.clear()
-            self._refused.clear()
 
     @property
     def alive(self) -> bool:
@@ -337,11 +337,7 @@ class ClientPool:
             return True
         except _UnreadableReply as refused:
             slot.held.popleft()
-            with self._cond:
-                self._busy_nodes.discard(head.context.node_id)
-                if head.generation == self._generation:
-                    self._refused[head.message.metadata.message_id] = refused.error
-                self._cond.notify_all()
+            self._finish(head, refused.error, None, None)
             return True
         slot.held.popleft()
         self._finish(head, reply, state, seconds)
@@ -377,7 +373,7 @@ class ClientPool:
                 self._pending.insert(0, task)
             self._cond.notify_all()
 
-    def _finish(self, task: _Task, reply: Message, state: RecordDict | None, seconds: float | None) -> None:
+    def _finish(self, task: _Task, reply: Message | Exception, state: RecordDict | None, seconds: float | None) -> None:
         with self._cond:
             if state is not None:
                 task.context.state = state
