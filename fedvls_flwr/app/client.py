@@ -19,7 +19,7 @@ from fedvls_flwr.algorithms.device import describe_device, peak_gpu_memory, set_
 from fedvls_flwr.algorithms.downlink import Received
 from fedvls_flwr.algorithms.parts import ClientState, RunContext
 from fedvls_flwr.algorithms.rounds import ClientRound, build_protocol
-from fedvls_flwr.algorithms.run_model import build_run_model
+from fedvls_flwr.algorithms.run_model import build_loaded, build_run_model
 from fedvls_flwr.algorithms.training import evaluate, resolve_device, to_device
 from fedvls_flwr.app import keys
 from fedvls_flwr.app.events import CLIENT_DATA, emit
@@ -108,7 +108,7 @@ def save_client_state(record: RecordDict, state: ClientState) -> None:
         name = keys.CLIENT_STATE + kind
         if has_record(record, name, ArrayRecord) and _as_loaded(kept, state.loaded.get(kind)):
             continue
-        record[name] = numpy_record({k: v.detach().cpu().numpy() for k, v in kept.items()})
+        record[name] = numpy_record({k: v.detach().contiguous().cpu().numpy() for k, v in kept.items()})
 
 
 def _as_loaded(kept: Mapping[str, torch.Tensor], loaded: Mapping[str, tuple[torch.Tensor, int]] | None) -> bool:
@@ -186,7 +186,7 @@ def train_round(content: RecordDict, node_config: dict[str, Any], client_state: 
     if cfg.local_eval and outcome.model is not None:
         # The paper's local-update view: this client's updated model on the test set.
         metrics[keys.LOCAL_PER_CLASS_ACCURACY] = local_test_per_class(cfg, outcome.model, device)
-    weights = numpy_record({k: v.detach().cpu().numpy() for k, v in outcome.weights.items()})
+    weights = numpy_record({k: v.detach().contiguous().cpu().numpy() for k, v in outcome.weights.items()})
     return RecordDict({
         keys.ARRAYS: weights, keys.METRICS: MetricRecord(metrics),
         keys.CLIENT_INFO: client_info(device),
@@ -227,8 +227,8 @@ def evaluate_round(content: RecordDict, node_config: dict[str, Any], *, run_id: 
     metrics: dict[str, MetricValue] = {keys.NUM_EXAMPLES: 0, keys.PARTITION_ID: data.partition_id}
     if data.test_x is not None and data.test_y is not None and data.test_y.numel() > 0:
         device = resolve_device(cfg.device)
-        model = build_run_model(cfg, tuple(data.x.shape[1:]), data.num_classes)
-        model.load_state_dict(torch_state_dict(arrays_in(content, keys.ARRAYS)), strict=True)
+        model = build_loaded(lambda: build_run_model(cfg, tuple(data.x.shape[1:]), data.num_classes),
+                             torch_state_dict(arrays_in(content, keys.ARRAYS)))
         res = evaluate(
             model, data.test_x, data.test_y, data.num_classes, device=device,
             batch_size=cfg.eval_batch_size, mean=data.mean, std=data.std, amp=use_amp(cfg, device),
