@@ -93,8 +93,10 @@ def with_ray(link: Any, name: str, config: dict, nodes: int, gpus: float, images
                      {"workers": f"Ray: {nodes} clients at {gpus:g} GPU", "wall_s": time.perf_counter() - t0})
 
 
-def table(results: list[dict], device: str) -> str:
-    lines = [f"GPU workers bench on {device} ({platform.node()}, {os.cpu_count()} cores); steady round = median "
+def table(results: list[dict], device: str, machine: str | None = None, cores: int | None = None) -> str:
+    """The table of ``results`` measured on ``device`` (host ``machine`` with ``cores``: this one's by default)."""
+    machine, cores = machine or platform.node(), cores or os.cpu_count()
+    lines = [f"GPU workers bench on {device} ({machine}, {cores} cores); steady round = median "
              "of rounds 2..R", "",
              "| workload | engine | steady s/round | training img/s | vs Ray | vs 1 worker | workers | ok |",
              "| --- | --- | ---: | ---: | ---: | ---: | --- | --- |"]

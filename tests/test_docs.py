@@ -147,3 +147,14 @@ def test_the_docs_index_lists_every_page():
     assert pages - listed == set(), f"docs/README.md does not list {sorted(pages - listed)} (one line a page: what it is for)"
     assert listed - pages == set(), f"docs/README.md lists pages that do not exist: {sorted(listed - pages)}"
     assert "](docs/README.md)" in (ROOT / "README.md").read_text(), "README.md does not link docs/README.md"
+
+
+def test_the_gpu_tables_are_what_the_measured_figures_render():
+    """docs/performance.md's GPU tables come from bench/measured/ (a GPU is lent for minutes:
+    the figures are kept, the tables rendered from them by bench/gpu_tables.py)."""
+    from bench.gpu_tables import END, START, calls, render
+
+    page = (ROOT / "docs" / "performance.md").read_text()
+    block = page.split(START, 1)[1].split(END, 1)[0].strip()
+    assert block == render(), "run: python bench/gpu_tables.py --write docs/performance.md"
+    assert calls(), "bench/measured/ holds no GPU figures"
