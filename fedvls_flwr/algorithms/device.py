@@ -31,8 +31,9 @@ CUBLAS_WORKSPACE = ":4096:8"
 #: rounds on the in-process engine faster too. MobileNetV2's graphed step was faster with
 #: channels-last alone (10,966 / 10,078 against 7,980 / 7,624) but bfloat16 slower without it
 #: and within 1-7% with it, and in the engine a channels-last MobileNetV2 took 42 s for its first
-#: round and 7.7 s a steady round on 4 workers (1.3 s without): it stays as it was until that is
-#: understood. The FedLC CNN and the MLP were slower with either.
+#: round and 7.7 s a steady round on 4 workers (1.3 s without; docs/performance.md has a guess
+#: why): it stays as it was until that is understood. The FedLC CNN and the MLP were slower
+#: with either.
 AMP_FASTER: frozenset[str] = frozenset({"resnet18"})
 CHANNELS_LAST_FASTER: frozenset[str] = frozenset({"resnet18"})
 
