@@ -317,6 +317,13 @@ class FeatureTap:
     def _keep(self, module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
         self.features = inputs[0]
 
+    def take(self) -> torch.Tensor | None:
+        """The last forward pass's features, no longer held here: kept, they would keep that
+        step's autograd graph alive into the next step (on CUDA, PyTorch warns that such a node's
+        stream no longer matches when a kept trainer's step is captured)."""
+        features, self.features = self.features, None
+        return features
+
     def remove(self) -> None:
         self._handle.remove()
 

@@ -620,6 +620,12 @@ MUTATIONS: list[Mutation] = [
              "fedvls_flwr/algorithms/rounds.py",
              "    return {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}",
              "    return {k: v.detach().cpu() for k, v in model.state_dict().items()}", ("tests/test_models.py",)),
+    Mutation("feature-tap-keeps-the-step", "local training", "the feature tap keeps the last step's "
+             "penultimate features (and so its autograd graph) in a kept trainer until the next step: on CUDA "
+             "the next capture warns that an AccumulateGrad node's stream does not match",
+             "fedvls_flwr/algorithms/training.py", "                features = tap.take() if tap is not None else None",
+             "                features = tap.features if tap is not None else None",
+             ("tests/test_graphed_step.py",)),
     Mutation("reply-arrays-copied", "engine", "the server copies every reply's arrays before reading them "
              "(43 MB more a ResNet-18 reply, in the round's serial part)",
              "fedvls_flwr/app/messages.py",

@@ -499,3 +499,15 @@ def test_graphed_rounds_capture_under_deterministic_algorithms_on_cuda():
     for k in want:
         if want[k].is_floating_point():
             torch.testing.assert_close(got[k], want[k], rtol=CUDA_RTOL, atol=CUDA_ATOL, msg=lambda m, k=k: f"{k}: {m}")
+
+
+@pytest.mark.parametrize("method", ["feddecorr", "fedmr"])
+def test_a_kept_trainer_holds_no_step_graph_between_rounds(method):
+    """An objective that reads the penultimate features: the trainer kept for the next client
+    holds no tensor of the last step (which would keep its autograd graph alive; on CUDA the
+    next capture then warns that an AccumulateGrad node's stream does not match)."""
+    cfg = config(method=method)
+    clear_trainers()
+    federation(static, cfg, mlp, clients(), rounds=1)
+    (trainer,) = graphed._TRAINERS.values()
+    assert trainer.tap is not None and trainer.tap.features is None

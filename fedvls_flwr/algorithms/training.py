@@ -219,7 +219,7 @@ def local_step(parts: StepParts, xb: torch.Tensor, yb: torch.Tensor, teacher_row
                 logits, features = cast(ProjectionModel, model).project(xb)
             else:
                 logits = model(xb)
-                features = tap.features if tap is not None else None
+                features = tap.take() if tap is not None else None
             loss, terms = objective.loss_terms(logits, yb, teacher_b, features)
         loss.backward()
         extra = objective.after_backward(sgd.params)
