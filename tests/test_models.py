@@ -219,6 +219,18 @@ def test_build_loaded_holds_exactly_the_received_weights(name):
     assert torch.isfinite(ref).all() and torch.equal(out, ref)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the network built on the GPU it trains on")
+@pytest.mark.parametrize("name", ["resnet18", "moon"])
+def test_build_loaded_on_cuda_holds_the_received_weights(name):
+    settings = {"model": "cnn", "method": "moon"} if name == "moon" else {"model": name}
+    cfg = parse_run_config({"dataset": "cifar10", **settings})
+    factory = lambda: build_run_model(cfg, (3, 32, 32), 10)  # noqa: E731
+    received = _received(factory)
+    model = build_loaded(factory, received, torch.device("cuda"))
+    got = model.state_dict()
+    assert all(got[k].is_cuda and torch.equal(got[k].cpu(), v) for k, v in received.items())
+
+
 class _WithConstant(nn.Module):
     """A network with a buffer kept out of its state dict: no received state fills it."""
 

@@ -100,7 +100,7 @@ class ClientOutcome:
 def train_as_usual(step: ClientRound) -> ClientOutcome:
     """The ordinary local training: the received weights, trained with the run's objective and
     local optimizer on the client's data."""
-    model = build_loaded(step.model_factory, step.arrays)
+    model = build_loaded(step.model_factory, step.arrays, step.device)
     result = train_local(model, step.data, step.cfg, device=step.device, generator=step.generator,
                          state=step.state, received=step.received)
     return ClientOutcome(host_weights(model), result, model)

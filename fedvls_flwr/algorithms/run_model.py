@@ -26,8 +26,10 @@ def build_run_model(cfg: RunConfig, input_shape: tuple[int, ...], num_classes: i
     return model
 
 
-def build_loaded(factory: Callable[[], nn.Module], state: Mapping[str, torch.Tensor]) -> nn.Module:
-    """``factory()``'s network holding ``state`` (loaded strictly), on the CPU.
+def build_loaded(factory: Callable[[], nn.Module], state: Mapping[str, torch.Tensor],
+                 device: torch.device | str = "cpu") -> nn.Module:
+    """``factory()``'s network holding ``state`` (loaded strictly), on ``device`` (where the
+    client trains: its storage is made there, and the state copied there once).
 
     A client builds a network only to overwrite every weight with the received ones, and
     initialising them is the costly part of building: ResNet-18's 11 million random draws take
@@ -46,9 +48,9 @@ def build_loaded(factory: Callable[[], nn.Module], state: Mapping[str, torch.Ten
     except Exception:  # noqa: BLE001 - built as usual below, where a real error is raised again
         skeleton = None
     if skeleton is not None and _fully_given(skeleton):
-        model = skeleton.to_empty(device="cpu")
+        model = skeleton.to_empty(device=device)
     else:
-        model = factory()
+        model = factory().to(device)
     model.load_state_dict(dict(state), strict=True)
     return model
 

@@ -228,7 +228,7 @@ def evaluate_round(content: RecordDict, node_config: dict[str, Any], *, run_id: 
     if data.test_x is not None and data.test_y is not None and data.test_y.numel() > 0:
         device = resolve_device(cfg.device)
         model = build_loaded(lambda: build_run_model(cfg, tuple(data.x.shape[1:]), data.num_classes),
-                             torch_state_dict(arrays_in(content, keys.ARRAYS)))
+                             torch_state_dict(arrays_in(content, keys.ARRAYS)), device)
         res = evaluate(
             model, data.test_x, data.test_y, data.num_classes, device=device,
             batch_size=cfg.eval_batch_size, mean=data.mean, std=data.std, amp=use_amp(cfg, device),
