@@ -50,6 +50,7 @@ CLIENT_PHASES: tuple[tuple[str, str, str], ...] = (
     ("fedvls_flwr.app.client", "save_client_state", "the node's kept state saved"),
     ("fedvls_flwr.app.client", "numpy_record", "the reply's arrays encoded"),
 )
+REPLY_ENCODED = "the reply's arrays encoded"
 #: the client phases inside the client step (shown indented under it)
 INSIDE_STEP = frozenset({"the network built, holding the received weights", "local training (train_local)"})
 SERVER_PHASES: tuple[tuple[str, str, str], ...] = (
@@ -93,7 +94,23 @@ def install_client_timers(out: Path) -> None:
     from fedvls_flwr.app.messages import config_in, integer
 
     spent: dict[str, float] = collections.defaultdict(float)
-    _wrap(CLIENT_PHASES[1:], lambda label, s: spent.__setitem__(label, spent[label] + s))
+    saving = [0]  # inside the kept state's saving: its own encoding is that phase's, not the reply's
+
+    def book(label: str, seconds: float) -> None:
+        if label != REPLY_ENCODED or not saving[0]:
+            spent[label] += seconds
+
+    _wrap(CLIENT_PHASES[1:], book)
+    save_state = client.save_client_state
+
+    def saving_state(*args: Any, **kwargs: Any) -> Any:
+        saving[0] += 1
+        try:
+            return save_state(*args, **kwargs)
+        finally:
+            saving[0] -= 1
+
+    client.save_client_state = saving_state  # type: ignore[assignment]
     train_round = client.train_round
 
     def whole(content: Any, *args: Any, **kwargs: Any) -> Any:
@@ -119,10 +136,17 @@ def timed_client_app() -> Any:
     return app
 
 
-def install_server_timers(spent: dict[tuple[str, int], float]) -> None:
-    """Time the server's phases in this process, booked by (label, round) into ``spent``."""
+#: the server's phases of the run being measured, by (label, round)
+_SERVER_SPENT: dict[tuple[str, int], float] = collections.defaultdict(float)
+
+
+def install_server_timers() -> dict[tuple[str, int], float]:
+    """Time the server's phases in this process; emptied, the dictionary they are booked in by
+    (label, round) (the same one for every run: the wrappers are installed once)."""
+    _SERVER_SPENT.clear()
+    spent = _SERVER_SPENT
     if "server" in _INSTALLED:
-        return
+        return spent
     _INSTALLED.add("server")
     from fedvls_flwr.app.strategy import RunStrategy
 
@@ -135,6 +159,7 @@ def install_server_timers(spent: dict[tuple[str, int], float]) -> None:
 
     RunStrategy._train_round = round_of  # type: ignore[method-assign]
     _wrap(SERVER_PHASES, lambda label, s: spent.__setitem__((label, current[0]), spent[(label, current[0])] + s))
+    return spent
 
 
 def measure(settings: dict[str, Any], nodes: int, *, client_gpus: float, workers: int, work: Path) -> dict[str, Any]:
@@ -145,8 +170,7 @@ def measure(settings: dict[str, Any], nodes: int, *, client_gpus: float, workers
     phases_file = work / "client-phases.jsonl"
     phases_file.unlink(missing_ok=True)
     os.environ[PHASES_FILE] = str(phases_file)  # before the workers start: they inherit it
-    server: dict[tuple[str, int], float] = collections.defaultdict(float)
-    install_server_timers(server)
+    server = install_server_timers()
     run = run_in_process({**settings, "output-dir": str(work / "runs"), "run-name": "phases"}, nodes, client_cpus=1,
                          client_gpus=client_gpus, workers=workers, client_app="bench.round_phases:timed_client_app",
                          keep_pool=False)
