@@ -89,33 +89,11 @@ def steady_rounds(head_rounds: int) -> range:
 
 def _install_timers(spent: dict[tuple[str, int], float]) -> None:
     """Wrap every phase's function so its seconds add up in ``spent``, by (label, round)."""
-    import importlib
+    from bench.round_phases import track_rounds, wrap_phases
 
-    from fedvls_flwr.app.strategy import RunStrategy
-
-    current = [0]
-    train_round = RunStrategy._train_round
-
-    def round_of(self: Any, grid: Any, server_round: int, arrays: Any) -> Any:
-        current[0] = server_round  # the server's evaluation and saving of this round follow it
-        return train_round(self, grid, server_round, arrays)
-
-    RunStrategy._train_round = round_of  # type: ignore[method-assign]
-    for module_name, path, label, _depth in PHASES:
-        owner: Any = importlib.import_module(module_name)
-        *parents, name = path.split(".")
-        for parent in parents:
-            owner = getattr(owner, parent)
-        original = getattr(owner, name)
-
-        def timed(*args: Any, _original: Callable = original, _label: str = label, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return _original(*args, **kwargs)
-            finally:
-                spent[(_label, current[0])] += time.perf_counter() - t0
-
-        setattr(owner, name, timed)
+    current = track_rounds()
+    wrap_phases(((module, path, label) for module, path, label, _depth in PHASES),
+                lambda label, s: spent.__setitem__((label, current[0]), spent[(label, current[0])] + s))
 
 
 def measure(data_dir: Path, head_rounds: int) -> dict[str, Any]:

@@ -26,7 +26,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +65,8 @@ SERVER_PHASES: tuple[tuple[str, str, str], ...] = (
 _INSTALLED: set[str] = set()
 
 
-def _wrap(phases: tuple[tuple[str, str, str], ...], book: Callable[[str, float], None]) -> None:
+def wrap_phases(phases: Iterable[tuple[str, str, str]], book: Callable[[str, float], None]) -> None:
+    """Replace each (module, attribute path, label)'s function by one that books its seconds."""
     import importlib
 
     for module_name, path, label in phases:
@@ -100,7 +101,7 @@ def install_client_timers(out: Path) -> None:
         if label != REPLY_ENCODED or not saving[0]:
             spent[label] += seconds
 
-    _wrap(CLIENT_PHASES[1:], book)
+    wrap_phases(CLIENT_PHASES[1:], book)
     save_state = client.save_client_state
 
     def saving_state(*args: Any, **kwargs: Any) -> Any:
@@ -148,18 +149,25 @@ def install_server_timers() -> dict[tuple[str, int], float]:
     if "server" in _INSTALLED:
         return spent
     _INSTALLED.add("server")
+    current = track_rounds()
+    wrap_phases(SERVER_PHASES, lambda label, s: spent.__setitem__((label, current[0]), spent[(label, current[0])] + s))
+    return spent
+
+
+def track_rounds() -> list[int]:
+    """A one-item list holding the round the server is in (from its training step on: the
+    evaluation and saving of a round follow it), kept up to date from now on in this process."""
     from fedvls_flwr.app.strategy import RunStrategy
 
     current = [0]
     train_round = RunStrategy._train_round
 
     def round_of(self: Any, grid: Any, server_round: int, arrays: Any) -> Any:
-        current[0] = server_round  # the server's evaluation and saving of this round follow it
+        current[0] = server_round
         return train_round(self, grid, server_round, arrays)
 
     RunStrategy._train_round = round_of  # type: ignore[method-assign]
-    _wrap(SERVER_PHASES, lambda label, s: spent.__setitem__((label, current[0]), spent[(label, current[0])] + s))
-    return spent
+    return current
 
 
 def measure(settings: dict[str, Any], nodes: int, *, client_gpus: float, workers: int, work: Path) -> dict[str, Any]:
