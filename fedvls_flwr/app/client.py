@@ -186,7 +186,8 @@ def train_round(content: RecordDict, node_config: dict[str, Any], client_state: 
     if cfg.local_eval and outcome.model is not None:
         # The paper's local-update view: this client's updated model on the test set.
         metrics[keys.LOCAL_PER_CLASS_ACCURACY] = local_test_per_class(cfg, outcome.model, device)
-    weights = numpy_record({k: v.detach().contiguous().cpu().numpy() for k, v in outcome.weights.items()})
+    # C-ordered already (rounds.host_weights): the encoder's one-copy path
+    weights = numpy_record({k: v.detach().cpu().numpy() for k, v in outcome.weights.items()})
     return RecordDict({
         keys.ARRAYS: weights, keys.METRICS: MetricRecord(metrics),
         keys.CLIENT_INFO: client_info(device),
