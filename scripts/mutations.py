@@ -613,8 +613,17 @@ MUTATIONS: list[Mutation] = [
     Mutation("uninitialised-buffer-left-empty", "models", "a network with a buffer kept out of its state dict "
              "is built without initialisation all the same: that buffer holds whatever memory it was given",
              "fedvls_flwr/algorithms/run_model.py",
-             "    return all(id(t) in kept for t in (*skeleton.parameters(), *skeleton.buffers()))",
+             "and all(id(t) in kept for t in (*skeleton.parameters(), *skeleton.buffers()))",
+             "", ("tests/test_models.py",)),
+    Mutation("taken-state-of-another-dtype", "models", "a network given the client's received tensors takes "
+             "one of another dtype as it is: the network's dtype changes instead of the value being cast",
+             "fedvls_flwr/algorithms/run_model.py",
+             "    return all(key not in own or own[key].dtype == value.dtype for key, value in state.items())",
              "    return True", ("tests/test_models.py",)),
+    Mutation("tied-weights-built-untied", "models", "a network that ties two names to one tensor is built "
+             "on the meta device all the same: its storage gives each name a tensor of its own, untying them",
+             "fedvls_flwr/algorithms/run_model.py",
+             "    return len(kept) == len(own) and all(", "    return all(", ("tests/test_models.py",)),
     Mutation("channels-last-weights-to-the-encoder", "engine", "a channels-last network's trained weights reach "
              "the reply's encoder strided (np.save's slow path: about 25 ms a ResNet-18 client on a GPU host)",
              "fedvls_flwr/algorithms/rounds.py",

@@ -267,6 +267,58 @@ def test_build_loaded_builds_as_usual_a_network_that_reads_values_while_built():
     assert torch.equal(model.weight, received["weight"])
 
 
+@pytest.mark.parametrize("name", ["mlp", "resnet18", "mobilenetv2", "moon"])
+def test_build_loaded_takes_handed_over_tensors_as_its_own(name):
+    """Given ``take``, the network holds the handed-over tensors themselves (no copy), with the
+    values and outputs of one built, initialised and loaded as usual, and trains them in place."""
+    if name == "moon":
+        cfg = parse_run_config({"dataset": "cifar10", "model": "cnn", "method": "moon"})
+        factory = lambda: build_run_model(cfg, (3, 32, 32), 10)  # noqa: E731
+        shape = (3, 32, 32)
+    else:
+        shape = (1, 28, 28) if name == "mlp" else (3, 32, 32)
+        factory = lambda: build_model(name, shape, 10)  # noqa: E731
+    received = _received(factory)
+    handed = {k: v.clone() for k, v in received.items()}
+    model = build_loaded(factory, handed, take=True)
+    usual = factory()
+    usual.load_state_dict(received, strict=True)
+    got = model.state_dict()
+    assert got.keys() == received.keys()
+    for key, value in received.items():
+        assert got[key].data_ptr() == handed[key].data_ptr(), key  # the very tensor
+        assert got[key].dtype == value.dtype and torch.equal(got[key], value), key
+    assert all(p.requires_grad for p in model.parameters())
+    x = torch.randn(4, *shape, generator=torch.Generator().manual_seed(1))
+    model.eval(), usual.eval()
+    out, ref = model(x), usual(x)
+    out, ref = (out[0], ref[0]) if isinstance(out, tuple) else (out, ref)
+    assert torch.equal(out, ref)
+
+
+def test_build_loaded_copies_what_it_cannot_take_as_it_is():
+    """A handed-over tensor of another dtype is cast into the network's (assigning it would change
+    the network's dtype); tied weights stay tied (assigning would give each name its own tensor);
+    a state that does not fit is refused as without ``take``."""
+    double = {k: v.double() for k, v in nn.Linear(3, 2).state_dict().items()}
+    model = build_loaded(lambda: nn.Linear(3, 2), double, take=True)
+    assert model.weight.dtype == torch.float32 and torch.equal(model.weight, double["weight"].float())
+
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(2, 2, bias=False), nn.Linear(2, 2, bias=False)
+            self.b.weight = self.a.weight
+
+    state = {"a.weight": torch.full((2, 2), 3.0), "b.weight": torch.full((2, 2), 3.0)}
+    tied = build_loaded(Tied, dict(state), take=True)
+    assert tied.a.weight is tied.b.weight and torch.equal(tied.a.weight, state["a.weight"])
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        build_loaded(lambda: nn.Linear(3, 2), {"weight": torch.ones(4, 3), "bias": torch.ones(4)}, take=True)
+    with pytest.raises(RuntimeError, match="Missing key"):
+        build_loaded(lambda: nn.Linear(3, 2), {"weight": torch.ones(2, 3)}, take=True)
+
+
 def test_reply_weights_are_c_contiguous_whatever_the_networks_layout():
     """A channels-last network's weights leave the client in the usual order (the reply's encoder
     copies anything else through np.save, about 25 ms a ResNet-18 client), with their values."""

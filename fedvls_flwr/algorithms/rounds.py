@@ -73,7 +73,9 @@ class ClientRound:
     ``config``: the message's config (the run config, the round, the protocol's own keys);
     ``state``: what the local training's parts keep on the node across rounds (MOON's previous
     model, carried momentum), read and updated in place; ``received``: what the run's server
-    companions sent.
+    companions sent; ``arrays_owned``: ``arrays`` are this step's own copy, which nothing reads
+    after it, so the network it trains may hold them as its weights (no copy: ``build_loaded``'s
+    ``take``).
     """
 
     arrays: Mapping[str, torch.Tensor]
@@ -85,6 +87,7 @@ class ClientRound:
     generator: torch.Generator
     state: ClientState
     received: Received = field(default_factory=Received)
+    arrays_owned: bool = False
 
 
 @dataclass
@@ -100,7 +103,7 @@ class ClientOutcome:
 def train_as_usual(step: ClientRound) -> ClientOutcome:
     """The ordinary local training: the received weights, trained with the run's objective and
     local optimizer on the client's data."""
-    model = build_loaded(step.model_factory, step.arrays, step.device)
+    model = build_loaded(step.model_factory, step.arrays, step.device, take=step.arrays_owned)
     result = train_local(model, step.data, step.cfg, device=step.device, generator=step.generator,
                          state=step.state, received=step.received)
     return ClientOutcome(host_weights(model), result, model)

@@ -164,7 +164,8 @@ def train_round(content: RecordDict, node_config: dict[str, Any], client_state: 
     generator = torch.Generator().manual_seed(seed)
     state = load_client_state(client_state)
     step = ClientRound(arrays=received, config=config, cfg=cfg, data=data, model_factory=new_model, device=device,
-                       generator=generator, state=state, received=received_downlink(content, device))
+                       generator=generator, state=state, received=received_downlink(content, device),
+                       arrays_owned=True)  # torch_state_dict's copies: read by nothing but this step
     protocol = build_protocol(cfg.to_flower(), RunContext(cfg))
     protocol.load_client_state(state.of("protocol"))
     with peak_gpu_memory(device) as peak_mb:
@@ -229,7 +230,7 @@ def evaluate_round(content: RecordDict, node_config: dict[str, Any], *, run_id: 
     if data.test_x is not None and data.test_y is not None and data.test_y.numel() > 0:
         device = resolve_device(cfg.device)
         model = build_loaded(lambda: build_run_model(cfg, tuple(data.x.shape[1:]), data.num_classes),
-                             torch_state_dict(arrays_in(content, keys.ARRAYS)), device)
+                             torch_state_dict(arrays_in(content, keys.ARRAYS)), device, take=True)
         res = evaluate(
             model, data.test_x, data.test_y, data.num_classes, device=device,
             batch_size=cfg.eval_batch_size, mean=data.mean, std=data.std, amp=use_amp(cfg, device),
