@@ -468,8 +468,8 @@ MUTATIONS: list[Mutation] = [
              "    if has_record(content, keys.DOWNLINK_VALUES, ConfigRecord):", "    if False:", DIFF),
     Mutation("fedexp-evaluates-last", "round rules", "the server evaluates the last global model whatever "
              "fedexp-eval says (average-last-two ignored)", "fedvls_flwr/app/strategy.py",
-             "return self.server_optimizer.evaluation_arrays(to_numpy_dict(arrays))",
-             "return to_numpy_dict(arrays)", DIFF),
+             "return self.server_optimizer.evaluation_arrays(read_only_dict(arrays))",
+             "return read_only_dict(arrays)", DIFF),
     # ---- what a reply carries and where it ran
     Mutation("query-shares-undeclared", "site shares", "a site answers a query for its class counts whether or not "
              "a part of the run declares them", "fedvls_flwr/app/client.py",
@@ -624,6 +624,18 @@ MUTATIONS: list[Mutation] = [
              "on the meta device all the same: its storage gives each name a tensor of its own, untying them",
              "fedvls_flwr/algorithms/run_model.py",
              "    return len(kept) == len(own) and all(", "    return all(", ("tests/test_models.py",)),
+    Mutation("reused-payload-of-another-shape", "engine", "a view over an Array's bytes is encoded as those "
+             "bytes without checking their header: a reshaped view keeps the old shape in its payload",
+             "fedvls_flwr/app/messages.py", " or not base.startswith(header):", ":", ("tests/test_messages.py",)),
+    Mutation("reused-payload-from-its-header", "engine", "a view over an Array's bytes is encoded as those "
+             "bytes without checking where it starts: one reading the header as values is sent as the payload",
+             "fedvls_flwr/app/messages.py", "    if value.ctypes.data != start + len(header) or not",
+             "    if not", ("tests/test_messages.py",)),
+    Mutation("round-state-copied", "engine", "the server copies the round state out of its record every round "
+             "(a ResNet-18's 45 MB in the round's serial part; an unchanged array is encoded again into the next record)",
+             "fedvls_flwr/app/strategy.py", "        reference = self._state = read_only_dict(arrays)",
+             "        reference = self._state = {k: v.copy() for k, v in read_only_dict(arrays).items()}",
+             ("tests/test_strategy.py",)),
     Mutation("channels-last-weights-to-the-encoder", "engine", "a channels-last network's trained weights reach "
              "the reply's encoder strided (np.save's slow path: about 25 ms a ResNet-18 client on a GPU host)",
              "fedvls_flwr/algorithms/rounds.py",

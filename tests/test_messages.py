@@ -134,3 +134,30 @@ def test_read_only_values_are_the_records_own_bytes_and_cannot_be_written():
     assert np.shares_memory(view, np.frombuffer(large["w"].data, np.uint8))  # not a copy
     with pytest.raises(ValueError):  # a reader that writes raises: the message stays as sent
         view += 1
+
+
+def test_a_view_over_an_arrays_whole_payload_is_encoded_as_those_very_bytes():
+    """The server's round state is read as views over a record's bytes; putting an unchanged one
+    into the next record reuses those bytes (no copy), which are what encoding it would give. A
+    view over part of the payload, another shape, or a buffer that is not an npy payload is
+    encoded as usual."""
+    from fedvls_flwr.app.messages import npy_array, read_only_dict
+
+    value = np.arange(24, dtype=np.float32).reshape(4, 6)
+    npy_array(value)  # the header for (float32, (4, 6)) is kept
+    record = ArrayRecord({"w": Array(value), "s": Array(np.array(3, dtype=np.int64))})
+    views = read_only_dict(record)
+    for name, view in views.items():
+        npy_array(view)  # headers kept
+        again = npy_array(view)
+        assert again.data is record[name].data and again.data == Array.from_numpy_ndarray(np.asarray(view)).data
+        assert (again.dtype, again.shape, again.stype) == (record[name].dtype, record[name].shape, record[name].stype)
+    flat = views["w"].reshape(-1)
+    from_the_start = np.frombuffer(record["w"].data, dtype=np.uint8)[:value.nbytes].view(np.float32).reshape(4, 6)
+    for other in (np.ascontiguousarray(views["w"][1:]), flat[6:].reshape(3, 6), views["w"].reshape(6, 4),
+                  flat[:12].reshape(2, 6), from_the_start):
+        npy_array(other)
+        got = npy_array(other)
+        assert got.data is not record["w"].data and got.data == Array.from_numpy_ndarray(np.asarray(other)).data
+    raw = np.frombuffer(value.tobytes(), dtype=np.float32).reshape(4, 6)  # bytes, but no npy header
+    assert npy_array(raw).data == Array.from_numpy_ndarray(value).data

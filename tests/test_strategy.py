@@ -504,3 +504,27 @@ def test_a_simulation_says_its_own_size_after_flowers_default_warning(tmp_path, 
     with caplog.at_level(logging.INFO):
         server.ServerRun(TrainingGrid(nodes=tuple(range(10, 20))), RunConfig(output_dir=str(tmp_path), run_name="r"))
     assert "federation: 10 simulated SuperNodes (Flower's warning above is about its default" in caplog.text
+
+
+def test_the_round_state_is_read_in_place_and_an_unchanged_array_crosses_rounds_uncopied():
+    """Each round reads the round state as read-only views over its record's bytes (a protocol or
+    server part that wrote into it would raise, not change what was sent), and an array the next
+    state holds unchanged (FedConcat's frozen encoders, say) is those same bytes in the next
+    round's record, not a copy."""
+    strategy = RunStrategy(RunConfig(num_server_rounds=3))
+    average = strategy.protocol.aggregate
+    seen_states = []
+
+    def keeps_b(server_round, state, groups):
+        seen_states.append(state)
+        return {**average(server_round, state, groups), "b": state["b"]}
+
+    strategy.protocol.aggregate = keeps_b
+    records = []
+    strategy.run(FakeGrid([11, 12], good), initial(), on_round_end=lambda r, a, rep: records.append(a))
+    first = initial()
+    assert records[0]["b"].data == first["b"].data
+    assert records[1]["b"].data is records[0]["b"].data and records[2]["b"].data is records[0]["b"].data
+    for state in seen_states:
+        assert not state["w"].flags.writeable and not state["b"].flags.writeable
+    np.testing.assert_allclose(to_numpy_dict(records[2])["w"], np.full((2, 2), 11.5))

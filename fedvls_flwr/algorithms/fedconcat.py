@@ -57,7 +57,7 @@ from torch import nn
 from fedvls_flwr.algorithms.aggregation import ArrayDict, Reply, weighted_average
 from fedvls_flwr.algorithms.fedconcat_spec import fedconcat_assignment
 from fedvls_flwr.algorithms.parts import RunContext, StateDict
-from fedvls_flwr.algorithms.rounds import Assignment, ClientOutcome, ClientRound, RoundProtocol, train_as_usual
+from fedvls_flwr.algorithms.rounds import Assignment, ClientOutcome, ClientRound, RoundProtocol, read_tensor, train_as_usual
 from fedvls_flwr.algorithms.sgd import LocalSGD
 from fedvls_flwr.algorithms.training import TrainResult
 from fedvls_flwr.config.settings import ConfigError
@@ -409,9 +409,9 @@ class FedConcat(RoundProtocol):
     def evaluation_model(self, state: ArrayDict, model: nn.Module, server_round: int = 0) -> nn.Module | None:
         if HEAD_WEIGHT not in state or self.stage(server_round) == 1:
             return None  # stage 1: K cluster models, no global one
-        encoders = {k: {name: torch.from_numpy(np.asarray(v)) for name, v in _unprefixed(f"encoder{k}/", state).items()}
+        encoders = {k: {name: read_tensor(v) for name, v in _unprefixed(f"encoder{k}/", state).items()}
                     for k in range(self.clusters)}
-        head = {"weight": torch.from_numpy(state[HEAD_WEIGHT]), "bias": torch.from_numpy(state[HEAD_BIAS])}
+        head = {"weight": read_tensor(state[HEAD_WEIGHT]), "bias": read_tensor(state[HEAD_BIAS])}
         return _BUILT.get(lambda: model, encoders, head, None)
 
     def round_info(self, server_round: int) -> dict[str, Any]:

@@ -30,6 +30,7 @@ Plain numpy and torch; no Flower import.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -48,7 +49,8 @@ if TYPE_CHECKING:
     from fedvls_flwr.config.run_config import RunConfig
     from fedvls_flwr.data.node_data import ClientData
 
-__all__ = ["Assignment", "ClientOutcome", "ClientRound", "RoundProtocol", "StandardRounds", "build_protocol"]
+__all__ = ["Assignment", "ClientOutcome", "ClientRound", "RoundProtocol", "StandardRounds", "build_protocol",
+           "read_tensor"]
 
 
 @dataclass
@@ -109,6 +111,18 @@ def train_as_usual(step: ClientRound) -> ClientOutcome:
     return ClientOutcome(host_weights(model), result, model)
 
 
+def read_tensor(values: np.ndarray) -> torch.Tensor:
+    """``values`` as a tensor over the same memory, for a reader that only reads it (``load_state_dict``
+    copies it into the network): a read-only array too - the server's round state is a view over
+    its record's bytes - without torch's warning that it would not stop a write."""
+    values = np.asarray(values)
+    if values.flags.writeable:
+        return torch.from_numpy(values)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(values)
+
+
 def host_weights(model: nn.Module) -> dict[str, torch.Tensor]:
     """``model``'s state on the CPU, C-contiguous: a channels-last network (on CUDA) is laid out
     in the usual order on its device before the copy, where that costs little; a channels-last
@@ -156,7 +170,7 @@ class RoundProtocol(ServerPart):
     def evaluation_model(self, state: ArrayDict, model: nn.Module, server_round: int = 0) -> nn.Module | None:
         """The model whose accuracy round ``server_round`` reports, ``model`` (the run's
         architecture) loaded from ``state``; None when there is none to test yet."""
-        model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in state.items()})
+        model.load_state_dict({k: read_tensor(v) for k, v in state.items()})
         return model
 
     def round_info(self, server_round: int) -> dict[str, Any]:
