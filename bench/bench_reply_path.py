@@ -5,7 +5,8 @@
 
 For a large model the round's serial part on the server is mostly passes over memory: every
 reply's arrays are decoded, checked and averaged there, one after another. Each step of the
-app's own code (``numpy_record``: a client's reply encoded; ``RunStrategy._parse``: a reply read
+app's own code (``torch_state_dict`` and ``build_loaded``: a client's received global model
+decoded and the network built holding it; ``numpy_record``: a client's reply encoded; ``RunStrategy._parse``: a reply read
 by the server; ``check_reply``: its layout and values checked; ``weighted_average``: the
 replies averaged; ``drift_diversity``: the round's drift diagnostic, which single-model
 protocols compute from the same replies) is timed beside the floor a plain loop
@@ -59,7 +60,9 @@ def measure(model: str, shape: tuple[int, ...], reps: int) -> dict[str, float]:
     from flwr.app import MetricRecord, RecordDict
 
     from fedvls_flwr.algorithms.aggregation import check_reply, drift_diversity, weighted_average
+    from fedvls_flwr.algorithms.run_model import build_loaded
     from fedvls_flwr.app import keys
+    from fedvls_flwr.app.client import torch_state_dict
     from fedvls_flwr.app.messages import numpy_record
     from fedvls_flwr.app.strategy import RunStrategy
     from fedvls_flwr.models import build_model
@@ -76,8 +79,14 @@ def measure(model: str, shape: tuple[int, ...], reps: int) -> dict[str, float]:
                             keys.METRICS: MetricRecord({keys.NUM_EXAMPLES: 100 + i, keys.PARTITION_ID: i})})
                 for i in range(REPLIES)]
     replies = [RunStrategy._parse(str(i), c)[0] for i, c in enumerate(contents)]
+    received = contents[0][keys.ARRAYS]
+
+    def built() -> None:  # what a client does with the global model it receives, as train_round does it
+        build_loaded(lambda: build_model(model, shape, 10), torch_state_dict(received), take=True)  # type: ignore[arg-type]
+
     return {"mbytes": sum(v.nbytes for v in state.values()) / 2**20,
             "copy": _median_ms(one_copy, reps),
+            "built": _median_ms(built, reps),
             "encode": _median_ms(lambda: numpy_record(state), reps),
             "parse": _median_ms(lambda: [RunStrategy._parse(str(i), c) for i, c in enumerate(contents)], reps) / REPLIES,
             "check": _median_ms(lambda: [check_reply(r, state) for r in replies], reps) / REPLIES,  # type: ignore[arg-type]
@@ -110,14 +119,16 @@ def markdown(results: dict[str, dict[str, dict[str, float]]], load: tuple[str, s
     lines = [f"{REPLIES} replies; medians; {platform.node()} ({os.cpu_count()} cores), load average before {load[0]}, "
              f"after {load[1]}; {time.strftime('%Y-%m-%d')}, `python bench/bench_reply_path.py --write "
              "docs/performance.md`; each figure / the floor in brackets.", "",
-             "| model | MiB | process | one copy of its bytes (the floor) | a reply encoded (client) "
+             "| model | MiB | process | one copy of its bytes (the floor) "
+             "| the received weights decoded, the network built on them (client) | a reply encoded (client) "
              "| a reply read (server) | a reply checked (server) | its share of the average (server) "
-             "| its share of the drift diagnostic (server) |", "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+             "| its share of the drift diagnostic (server) |", "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for label, variants in results.items():
         for variant, r in variants.items():
             c = r["copy"]
             allocator = VARIANTS[variant][1]
-            lines.append(f"| {label} | {r['mbytes']:.1f} | {allocator} | {c:.2f} ms | {r['encode']:.2f} ms "
+            lines.append(f"| {label} | {r['mbytes']:.1f} | {allocator} | {c:.2f} ms | {r['built']:.2f} ms "
+                         f"({r['built'] / c:.1f}x) | {r['encode']:.2f} ms "
                          f"({r['encode'] / c:.1f}x) | {r['parse']:.2f} ms ({r['parse'] / c:.1f}x) | "
                          f"{r['check']:.2f} ms ({r['check'] / c:.1f}x) | "
                          f"{r['average']:.2f} ms ({r['average'] / c:.1f}x) | {r['drift']:.2f} ms ({r['drift'] / c:.1f}x) |")
