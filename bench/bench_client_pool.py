@@ -57,7 +57,7 @@ def model_record(params: int) -> ArrayRecord:
 
 
 def rounds(workers: int, params: int, clients: int, count: int) -> list[float]:
-    pool = None if workers == 1 else ClientPool(WorkerPlan(((),) * workers, 1, 1),
+    pool = None if workers == 1 else ClientPool(WorkerPlan(((),) * workers, 1, 1, gpu_free_machine=False),
                                                 "tests.worker_apps:app")
     grid = InProcessGrid(app, Run.create_empty(1), {}, clients, pool=pool)
     seconds = []

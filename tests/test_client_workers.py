@@ -61,25 +61,6 @@ def test_one_worker_without_a_gpu_to_hide_runs_in_this_process():
     assert hidden.workers == 1 and hidden.devices == ((),) and not hidden.in_this_process
 
 
-def test_one_worker_that_would_see_every_gpu_of_the_machine_runs_in_this_process():
-    """A lone worker given every GPU, numbered from the first, would see what this process sees:
-    no process of its own (its messages and replies would cross its shared memory for nothing).
-    One that must see less, or another GPU, keeps a process of its own."""
-    whole = plan_workers(Machine(16, gpus(1)), 1, 1.0, 4)
-    assert whole.devices == ((0,),) and whole.in_this_process
-    assert whole.describe().startswith("1 worker: the clients run one after another in this process on cuda:0, "
-                                       "1 thread each")
-    assert plan_workers(Machine(16, gpus(1)), 1, 0.25, 1).in_this_process  # one node at a quarter of the GPU
-    assert plan_workers(Machine(16, gpus(1)), 1, 0.25, 4, most=1).in_this_process
-    both = plan_workers(Machine(16, gpus(2)), 1, 2, 4)
-    assert both.devices == ((0, 1),) and both.in_this_process and "on cuda:0+cuda:1" in both.describe()
-    one_of_two = plan_workers(Machine(16, gpus(2)), 1, 1, 4, most=1)
-    assert one_of_two.devices == ((0,),) and not one_of_two.in_this_process  # it must not see cuda:1
-    second = plan_workers(Machine(8, ((1, 1.0),)), 1, 1, 4)  # a sweep's share: the second GPU
-    assert second.devices == ((1,),) and not second.in_this_process  # "cuda" here would be the first
-    assert not plan_workers(Machine(16, gpus(1)), 1, 0.25, 4).in_this_process  # 4 workers
-
-
 def test_threads_are_num_cpus_unless_torch_threads_says_otherwise():
     assert (plan_workers(Machine(8), 2, 0, 4).threads, plan_workers(Machine(8), 2, 0, 4).omp_threads) == (2, 2)
     set_ = plan_workers(Machine(8), 2, 0, 4, torch_threads=1)
@@ -267,7 +248,7 @@ def test_records_survive_the_wire_in_order_with_arrays_sent_by_number():
 def pool_grid(workers: int, nodes: int = 3, app: str = "tests.worker_apps:app") -> tuple[InProcessGrid, ClientPool]:
     from tests import worker_apps
 
-    pool = ClientPool(WorkerPlan(((),) * workers, threads=1, omp_threads=1), app)
+    pool = ClientPool(WorkerPlan(((),) * workers, threads=1, omp_threads=1, gpu_free_machine=False), app)
     grid = InProcessGrid(worker_apps.app, Run.create_empty(11), {}, nodes, pool=pool)
     return grid, pool
 

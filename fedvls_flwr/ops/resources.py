@@ -82,8 +82,8 @@ class WorkerPlan:
     devices: tuple[tuple[int, ...], ...]
     threads: int
     omp_threads: int = 1
-    #: The GPUs of the machine the plan was made for (indices among those this process sees).
-    machine_gpus: tuple[int, ...] = ()
+    #: The machine has no GPU to hide: a lone worker may be this process itself (no start-up).
+    gpu_free_machine: bool = True
     why: str = field(default="", compare=False)
 
     @property
@@ -92,23 +92,15 @@ class WorkerPlan:
 
     @property
     def in_this_process(self) -> bool:
-        """One worker that would see what this process sees: the clients run one after another in
-        the calling process, as before there were workers (nothing to start, nothing to hide, no
-        array through a worker's shared memory: a ResNet-18 message and its reply cost the pool
-        about 30 ms on a GPU host). That is a machine without a GPU, or a lone worker given every
-        GPU of the machine, numbered from the first - ``cuda`` then names the same GPU here as in
-        a worker. A worker that must not see a GPU (a client asking for none on a GPU machine, as
-        Ray hides it) or must see another one (a sweep's share of the second GPU) is a process of
-        its own."""
-        gpus = self.machine_gpus
-        return self.workers == 1 and self.devices[0] == gpus and gpus == tuple(range(len(gpus)))
+        """One worker on a machine with no GPU: the clients run one after another in the calling
+        process, as before there were workers (nothing to start, nothing to hide)."""
+        return self.workers == 1 and self.gpu_free_machine
 
     def describe(self) -> str:
         """The one line a run prints: '4 workers: 4 on cuda:0, 1 thread each'."""
         threads = f"{self.threads} thread{'s' if self.threads != 1 else ''} each"
         if self.in_this_process:
-            where = f" on {'+'.join(f'cuda:{g}' for g in self.devices[0])}" if self.devices[0] else ""
-            return f"1 worker: the clients run one after another in this process{where}, {threads}{self.why}"
+            return f"1 worker: the clients run one after another in this process, {threads}{self.why}"
         counts: dict[str, int] = {}
         for gpus in self.devices:
             name = "+".join(f"cuda:{g}" for g in gpus) if gpus else "the CPU"
@@ -166,7 +158,7 @@ def plan_workers(machine: Machine, num_cpus: float, num_gpus: float, nodes: int,
            "asked": " (as asked)"}[bound]
     if machine.note:
         why += f"; {machine.note}"
-    return WorkerPlan(devices, threads, omp_threads, machine_gpus=tuple(index for index, _ in machine.gpus), why=why)
+    return WorkerPlan(devices, threads, omp_threads, gpu_free_machine=not machine.gpus, why=why)
 
 
 def resource_problem(num_cpus: float, num_gpus: float, machine: Machine, *, where: str = "this machine") -> str | None:
