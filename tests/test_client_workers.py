@@ -59,6 +59,10 @@ def test_one_worker_without_a_gpu_to_hide_runs_in_this_process():
     # on a GPU machine a client that asks for no GPU must not see it: a process of its own
     hidden = plan_workers(Machine(2, gpus(1)), 2, 0, 10)
     assert hidden.workers == 1 and hidden.devices == ((),) and not hidden.in_this_process
+    # a lone worker given the GPU too: a client that breaks its CUDA context must not take the
+    # server's process (its evaluation, the next clients) with it - a worker is replaced
+    for alone_on_gpu in (plan_workers(Machine(16, gpus(1)), 1, 1.0, 4), plan_workers(Machine(16, gpus(1)), 1, 0.25, 1)):
+        assert alone_on_gpu.devices == ((0,),) and not alone_on_gpu.in_this_process
 
 
 def test_threads_are_num_cpus_unless_torch_threads_says_otherwise():

@@ -93,7 +93,11 @@ class WorkerPlan:
     @property
     def in_this_process(self) -> bool:
         """One worker on a machine with no GPU: the clients run one after another in the calling
-        process, as before there were workers (nothing to start, nothing to hide)."""
+        process, as before there were workers (nothing to start, nothing to hide). On a GPU
+        machine even one worker is a process of its own, though it costs a ResNet-18 client about
+        30 ms of transport on a GPU host: a client that breaks its CUDA context (a device-side
+        assert, an illegal memory access) breaks every later CUDA call in its process, and only a
+        worker can be replaced (the server's evaluation and the next clients then go on)."""
         return self.workers == 1 and self.gpu_free_machine
 
     def describe(self) -> str:
